@@ -1,0 +1,46 @@
+# recflow — two commands on a fresh machine: `make demo` and `make test`. Each builds .venv first if needed.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+AIRFLOW_ENV := source scripts/airflow_env.sh
+PYTEST_ARGS ?=
+
+.PHONY: venv test test-fast test-e2e demo airflow airflow-init lock clean
+
+venv: $(STAMP)
+
+# torch first (the CPU wheel on disk), so nothing pulls a multi-GB CUDA build; then the pinned lock.
+$(STAMP): requirements.txt pyproject.toml
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --disable-pip-version-check "pip<26.3"
+	$(PY) -m pip install --quiet --disable-pip-version-check torch==2.13.0
+	$(PY) -m pip install --quiet --disable-pip-version-check -r requirements.txt
+	$(PY) -m pip install --quiet --disable-pip-version-check --no-deps --no-build-isolation -e .
+	$(PY) -m pip check
+	@touch $(STAMP)
+
+# Every tier that runs on a CPU machine: unit, spark, dag integrity, e2e (dag.test), integration, reliability.
+test: venv
+	$(AIRFLOW_ENV) && $(PY) -m pytest -m "not gpu" $(PYTEST_ARGS)
+
+test-fast: venv
+	$(AIRFLOW_ENV) && $(PY) -m pytest -m "not gpu and not e2e and not integration and not slow" $(PYTEST_ARGS)
+
+demo: venv airflow-init
+	$(AIRFLOW_ENV) && $(PY) scripts/demo.py $(DEMO_ARGS)
+
+airflow-init: venv
+	$(AIRFLOW_ENV) && bash scripts/airflow_init.sh
+
+# The Airflow UI on http://localhost:8080 (login: see README).
+airflow: venv airflow-init
+	$(AIRFLOW_ENV) && airflow standalone
+
+lock: venv
+	(echo "# Pinned lock of requirements.in (pip freeze of a fresh .venv, pip check clean). Regenerate: make lock"; \
+	 $(PY) -m pip freeze --exclude-editable | grep -v '^recflow') > requirements.txt
+
+clean:
+	rm -rf .airflow data build
