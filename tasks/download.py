@@ -1,0 +1,437 @@
+"""Download one source object (file / http(s) / s3) to a local file: streamed, resumable, checksummed, gunzipped.
+
+Bytes go to `<destination>.part`; an interrupted transfer resumes from it with a Range request, within the call (up to
+`max_resume_attempts`) and across Airflow retries, since the .part stays. The sha256 covers the SOURCE bytes (what a
+published checksum refers to). A `.gz` source is decompressed into the destination, because Spark cannot split gzip.
+The destination appears only complete (rename); a sidecar `<destination>.download.json`, written after it, lets a
+retry with the same source return at once without touching the network.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gzip
+import hashlib
+import json
+import logging
+import os
+import re
+import time
+import zlib
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import unquote, urlsplit, urlunsplit
+
+from tasks.storage import atomic_file, write_text_atomic
+
+log = logging.getLogger(__name__)
+
+_PROGRESS_EVERY_S = 5.0
+_CONTENT_RANGE = re.compile(r"bytes (\d+)-(\d+)/(\d+|\*)$")
+
+
+@dataclass
+class DownloadResult:
+    path: str  # final local file
+    source: str  # the URL
+    bytes: int  # size of the final file
+    source_bytes: int  # bytes of the source object (compressed size for .gz)
+    sha256: str  # sha256 of the SOURCE bytes
+    resumed_from: int  # byte offset a resume started at (0 if none)
+    cached: bool  # a verified copy already existed and nothing was transferred
+    seconds: float
+
+
+class DownloadError(RuntimeError):
+    """A download failed; the message is one line naming what failed and where (URL, byte offset, status)."""
+
+
+class ChecksumMismatch(DownloadError):
+    """The source's sha256 is not the expected one (the .part is deleted: a retry starts over)."""
+
+
+class SourceNotFound(DownloadError):
+    """No such file / object / URL (HTTP 403/404/410, S3 NoSuchKey/NoSuchBucket/AccessDenied)."""
+
+
+class _Interrupted(Exception):
+    """The body stream broke off; the transfer can resume from the bytes already in the .part."""
+
+
+class _RangeNotSatisfiable(Exception):
+    def __init__(self, total: int | None) -> None:
+        super().__init__(total)
+        self.total = total  # size of the source, when the server said
+
+
+@dataclass
+class _Body:
+    start: int  # source offset the body begins at: 0 when a Range was ignored
+    total: int | None  # size of the whole source object, when known
+    chunks: Iterator[bytes]
+    close: Callable[[], None]
+
+
+@dataclass
+class _Part:
+    path: Path
+    digest: Any  # hashlib sha256 over the bytes in the .part
+    offset: int
+
+
+@dataclass(frozen=True)
+class _Source:
+    scheme: str  # file | http | s3
+    url: str
+    shown: str  # the URL as logs may show it (query string hidden: presigned URLs carry signatures)
+    path: Path | None = None
+    bucket: str = ""
+    key: str = ""
+
+
+def download(
+    source_url: str, destination: Path, *, expected_sha256: str | None = None, decompress: bool | None = None,
+    s3_client: Any = None, chunk_bytes: int = 8 << 20, timeout_s: float = 60.0, max_resume_attempts: int = 3,
+) -> DownloadResult:
+    """Fetch `source_url` into `destination` (see the module docstring); safe to retry.
+
+    decompress: None = gunzip when the URL path ends with `.gz`. s3_client: a boto3 S3 client (default: boto3's
+    default chain, see s3_client_from_connection).
+    """
+    started = time.monotonic()
+    destination = Path(destination)
+    source = _parse_source(source_url)
+    if decompress is None:
+        decompress = urlsplit(source_url).path.endswith(".gz")
+    expected = expected_sha256.strip().lower() if expected_sha256 else None
+    sidecar = _sidecar_path(destination)
+    cached = _cached(source_url, destination, expected, decompress)
+    if cached is not None:
+        log.info("%s already downloaded from %s (sha256 %s): nothing to do", destination, source.shown, cached.sha256)
+        cached.seconds = time.monotonic() - started
+        return cached
+    sidecar.unlink(missing_ok=True)  # a stale sidecar must never vouch for the file being replaced
+    destination.parent.mkdir(parents=True, exist_ok=True)
+    part_path = destination.with_name(destination.name + ".part")
+    open_at = _opener(source, s3_client, chunk_bytes, timeout_s)
+    part, resumed_from = _fetch_to_part(open_at, source.shown, part_path, max_resume_attempts)
+    actual = part.digest.hexdigest()
+    if expected and actual != expected:
+        part_path.unlink(missing_ok=True)  # wrong bytes: a retry must start over, not resume them
+        raise ChecksumMismatch(f"sha256 mismatch for {source.shown}: expected {expected}, got {actual}")
+    if decompress:
+        _gunzip(part_path, destination, source.shown, chunk_bytes)
+        part_path.unlink()
+    else:
+        os.replace(part_path, destination)
+    result = DownloadResult(
+        path=str(destination), source=source_url, bytes=destination.stat().st_size, source_bytes=part.offset,
+        sha256=actual, resumed_from=resumed_from, cached=False, seconds=time.monotonic() - started,
+    )
+    write_text_atomic(sidecar, json.dumps(_sidecar_record(result, decompress), indent=2, sort_keys=True))
+    log.info("downloaded %s -> %s: %d source bytes, %d bytes on disk, sha256 %s, %.1f s",
+             source.shown, destination, result.source_bytes, result.bytes, actual, result.seconds)
+    return result
+
+
+def s3_client_from_connection(conn_id: str | None) -> Any:
+    """A boto3 S3 client from an Airflow `aws` connection, or from boto3's default chain when conn_id is None
+    (environment, AWS_ENDPOINT_URL_S3, instance profile)."""
+    if conn_id:
+        from airflow.providers.amazon.aws.hooks.s3 import S3Hook
+
+        return S3Hook(aws_conn_id=conn_id).get_conn()
+    import boto3
+
+    return boto3.client("s3")
+
+
+def _shown(url: str) -> str:
+    parts = urlsplit(url)
+    if parts.scheme.lower() not in ("http", "https") or not parts.query:
+        return url
+    return urlunsplit(parts._replace(query="<hidden>", fragment=""))
+
+
+def _parse_source(url: str) -> _Source:
+    """Validate the URL before anything is opened; errors name the URL with any credentials stripped."""
+    parts = urlsplit(url)
+    scheme = parts.scheme.lower()
+    if parts.username is not None or parts.password is not None:
+        bare = urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2], query=""))
+        raise DownloadError(f"credentials in source URL {bare} are not allowed: use an Airflow connection or env")
+    if scheme in ("", "file"):
+        if parts.netloc not in ("", "localhost"):
+            raise DownloadError(f"file URL {url} names host {parts.netloc!r}: only local files are supported")
+        path = Path(unquote(parts.path)) if scheme else Path(url)
+        return _Source("file", url, url, path=path)
+    if scheme in ("http", "https"):
+        if not parts.hostname:
+            raise DownloadError(f"URL {_shown(url)} has no host")
+        return _Source("http", url, _shown(url))
+    if scheme == "s3":
+        # The key is taken verbatim (S3 keys may hold '?' and '#'), not through urlsplit.
+        bucket, _, key = url.split("://", 1)[1].partition("/")
+        if not bucket or not key or any(segment in ("", ".", "..") for segment in key.split("/")):
+            raise DownloadError(f"invalid S3 URI {url}: needs s3://bucket/key without empty, '.' or '..' segments")
+        return _Source("s3", url, url, bucket=bucket, key=key)
+    raise DownloadError(f"unsupported URL scheme {scheme!r} in {_shown(url)}: use file://, http(s):// or s3://")
+
+
+def _opener(source: _Source, s3_client: Any, chunk_bytes: int, timeout_s: float) -> Callable[[int], _Body]:
+    """A function that opens the source's body from a byte offset."""
+    if source.scheme == "file":
+        return lambda start: _open_file(source, start, chunk_bytes)
+    if source.scheme == "http":
+        return lambda start: _open_http(source, start, chunk_bytes, timeout_s)
+    client = s3_client if s3_client is not None else s3_client_from_connection(None)
+    return lambda start: _open_s3(client, source, start, chunk_bytes)
+
+
+def _guarded(chunks: Iterable[bytes], transport_errors: tuple[type[BaseException], ...]) -> Iterator[bytes]:
+    """Chunks, with the transport's mid-stream failures turned into _Interrupted (resumable)."""
+    try:
+        yield from chunks
+    except transport_errors as exc:
+        # urllib3 repeats its reason in args[1]; the first argument alone reads as one line.
+        reason = exc.args[0] if exc.args and isinstance(exc.args[0], str) else f"{type(exc).__name__}: {exc}"
+        raise _Interrupted(reason) from exc
+
+
+def _root_cause(exc: BaseException) -> str:
+    """The innermost reason ('[Errno 111] Connection refused'), not the client library's wrapper text."""
+    while (inner := exc.__cause__ or exc.__context__) is not None:
+        exc = inner
+    return str(exc) or type(exc).__name__
+
+
+def _parse_content_range(value: str | None, shown: str) -> tuple[int, int | None]:
+    match = _CONTENT_RANGE.match(value or "")
+    if not match:
+        raise DownloadError(f"partial response from {shown} has an unreadable Content-Range {value!r}")
+    total = match.group(3)
+    return int(match.group(1)), None if total == "*" else int(total)
+
+
+def _open_file(source: _Source, start: int, chunk_bytes: int) -> _Body:
+    assert source.path is not None
+    try:
+        f = open(source.path, "rb")  # noqa: SIM115 - closed by the caller through _Body.close
+    except FileNotFoundError:
+        raise SourceNotFound(f"source file not found: {source.path}") from None
+    except OSError as exc:
+        raise DownloadError(f"cannot read source file {source.path}: {exc.strerror or exc}") from None
+    total = os.fstat(f.fileno()).st_size
+    if start > total:
+        f.close()
+        raise _RangeNotSatisfiable(total)
+    f.seek(start)
+    chunks = iter(lambda: f.read(chunk_bytes), b"")
+    return _Body(start, total, _guarded(chunks, (OSError,)), f.close)
+
+
+def _open_http(source: _Source, start: int, chunk_bytes: int, timeout_s: float) -> _Body:
+    import requests
+    import urllib3
+
+    # identity: the stored bytes must be the source's own (a .gz served with Content-Encoding: gzip stays gzip).
+    headers = {"Accept-Encoding": "identity"}
+    if start:
+        headers["Range"] = f"bytes={start}-"
+    try:
+        response = requests.get(source.url, headers=headers, stream=True, timeout=(timeout_s, timeout_s))
+    except (requests.ConnectionError, requests.Timeout) as exc:
+        raise DownloadError(f"cannot reach {source.shown}: {_root_cause(exc)}") from None
+    except requests.RequestException as exc:
+        raise DownloadError(f"request for {source.shown} failed at byte {start}: {_root_cause(exc)}") from None
+    status = response.status_code
+    if status not in (200, 206):
+        response.close()
+        if status in (403, 404, 410):
+            raise SourceNotFound(f"HTTP {status} for {source.shown}")
+        if status == 416:
+            match = re.match(r"bytes \*/(\d+)$", response.headers.get("Content-Range", ""))
+            raise _RangeNotSatisfiable(int(match.group(1)) if match else None)
+        raise DownloadError(f"HTTP {status} for {source.shown} at byte {start}")
+    if status == 206:
+        first, total = _parse_content_range(response.headers.get("Content-Range"), source.shown)
+    else:
+        length = response.headers.get("Content-Length")
+        first, total = 0, int(length) if length and length.isdigit() else None
+    chunks = response.raw.stream(chunk_bytes, decode_content=False)
+    errors = (urllib3.exceptions.HTTPError, requests.RequestException, OSError)
+    return _Body(first, total, _guarded(chunks, errors), response.close)
+
+
+def _open_s3(client: Any, source: _Source, start: int, chunk_bytes: int) -> _Body:
+    import urllib3
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    request = {"Bucket": source.bucket, "Key": source.key}
+    if start:
+        request["Range"] = f"bytes={start}-"
+    try:
+        response = client.get_object(**request)
+    except ClientError as exc:
+        error = exc.response.get("Error", {})
+        code = error.get("Code", "")
+        if code in ("NoSuchKey", "NoSuchBucket", "404", "AccessDenied", "403"):
+            raise SourceNotFound(f"S3 {code} for {source.url}") from None
+        if code == "InvalidRange":
+            size = client.head_object(Bucket=source.bucket, Key=source.key)["ContentLength"]
+            raise _RangeNotSatisfiable(int(size)) from None
+        status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+        raise DownloadError(f"S3 {code} (HTTP {status}) for {source.url} at byte {start}") from None
+    except BotoCoreError as exc:
+        raise DownloadError(f"cannot reach {source.url}: {exc}") from None
+    if response.get("ContentRange"):
+        first, total = _parse_content_range(response["ContentRange"], source.url)
+    else:
+        first, total = 0, response.get("ContentLength")
+    body = response["Body"]
+    errors = (BotoCoreError, urllib3.exceptions.HTTPError, OSError)
+    return _Body(first, total, _guarded(body.iter_chunks(chunk_bytes), errors), body.close)
+
+
+def _existing_part(path: Path) -> _Part:
+    """The .part left by an earlier attempt, re-hashed so that the final sha256 covers every source byte."""
+    digest = hashlib.sha256()
+    offset = 0
+    if path.is_file():
+        with open(path, "rb") as f:
+            while chunk := f.read(8 << 20):
+                digest.update(chunk)
+                offset += len(chunk)
+    return _Part(path, digest, offset)
+
+
+def _open_from(open_at: Callable[[int], _Body], part: _Part, shown: str) -> _Body:
+    try:
+        return open_at(part.offset)
+    except _RangeNotSatisfiable as exc:
+        if exc.total == part.offset:  # an earlier attempt already fetched everything
+            return _Body(part.offset, part.offset, iter(()), lambda: None)
+        log.warning("%s: the .part holds %d bytes but the source has %s: starting over", shown, part.offset, exc.total)
+        return open_at(0)
+
+
+def _fetch_to_part(
+    open_at: Callable[[int], _Body], shown: str, path: Path, max_resume_attempts: int
+) -> tuple[_Part, int]:
+    """Fill the .part with the whole source, resuming after drops; returns the part and the first resume offset."""
+    part = _existing_part(path)
+    resumed_from, failures = 0, 0
+    progress = _Progress(shown)
+    while True:
+        body = _open_from(open_at, part, shown)
+        try:
+            if body.start not in (part.offset, 0):
+                raise DownloadError(f"{shown} answered from byte {body.start} when asked for byte {part.offset}")
+            if body.start != part.offset:
+                log.warning("%s answered from byte %d, not %d (Range ignored): restarting from 0",
+                            shown, body.start, part.offset)
+                part = _Part(path, hashlib.sha256(), 0)
+                path.unlink(missing_ok=True)
+            elif part.offset and not resumed_from:
+                resumed_from = part.offset
+                log.info("resuming %s from byte %d", shown, part.offset)
+            _append(body, part, progress)
+            return part, resumed_from
+        except _Interrupted as exc:
+            failures += 1
+            if failures > max_resume_attempts:
+                raise DownloadError(
+                    f"transfer of {shown} interrupted at byte {part.offset} after {max_resume_attempts} "
+                    f"resume attempts ({exc}); {path} kept for the next retry") from None
+            log.warning("transfer of %s interrupted at byte %d (%s): resuming, attempt %d of %d",
+                        shown, part.offset, exc, failures, max_resume_attempts)
+            time.sleep(min(failures - 1, 10))  # first resume at once, then back off a little
+        finally:
+            body.close()
+
+
+def _append(body: _Body, part: _Part, progress: _Progress) -> None:
+    """Append the body to the .part, hashing as it goes; a body shorter than announced is an interruption."""
+    with open(part.path, "ab") as f:
+        try:
+            for chunk in body.chunks:
+                f.write(chunk)
+                part.digest.update(chunk)
+                part.offset += len(chunk)
+                progress.update(part.offset, body.total, len(chunk))
+        finally:
+            f.flush()
+            os.fsync(f.fileno())  # what the .part claims to hold must be on disk before a resume trusts it
+    if body.total is not None and part.offset != body.total:
+        if part.offset > body.total:
+            raise DownloadError(f"{progress.shown} sent {part.offset} bytes, more than its announced {body.total}")
+        raise _Interrupted(f"stream ended at byte {part.offset} of {body.total}")
+
+
+class _Progress:
+    """One log line at most every few seconds: bytes done/total, MB/s over this call, ETA."""
+
+    def __init__(self, shown: str) -> None:
+        self.shown = shown
+        self.started = self.last = time.monotonic()
+        self.moved = 0
+
+    def update(self, offset: int, total: int | None, n: int) -> None:
+        self.moved += n
+        now = time.monotonic()
+        if now - self.last < _PROGRESS_EVERY_S:
+            return
+        self.last = now
+        rate = self.moved / max(now - self.started, 1e-9)
+        of_total = f"{total / 1e6:.1f} MB ({100 * offset / total:.0f}%)" if total else "? MB"
+        eta = f"{(total - offset) / rate:.0f} s" if total and rate > 0 else "unknown"
+        log.info("downloading %s: %.1f of %s, %.1f MB/s, ETA %s", self.shown, offset / 1e6, of_total, rate / 1e6, eta)
+
+
+def _gunzip(part: Path, destination: Path, shown: str, chunk_bytes: int) -> None:
+    """Decompress the verified .part into a temporary sibling, renamed over the destination only when whole."""
+    with open(part, "rb") as raw, atomic_file(destination) as out:
+        try:
+            with gzip.GzipFile(fileobj=raw) as unzipped:
+                while chunk := unzipped.read(chunk_bytes):
+                    out.write(chunk)
+        except (EOFError, gzip.BadGzipFile, zlib.error) as exc:
+            offset = raw.tell()
+            part.unlink(missing_ok=True)  # bad bytes: the next retry fetches afresh rather than resuming them
+            raise DownloadError(
+                f"corrupt or truncated gzip {part} (from {shown}) near compressed byte {offset}: {exc}") from None
+
+
+def _sidecar_path(destination: Path) -> Path:
+    return destination.with_name(destination.name + ".download.json")
+
+
+def _sidecar_record(result: DownloadResult, decompressed: bool) -> dict[str, Any]:
+    record = asdict(result)
+    for transient in ("path", "resumed_from", "cached", "seconds"):
+        record.pop(transient)
+    return record | {"decompressed": decompressed}
+
+
+def _cached(source_url: str, destination: Path, expected: str | None, decompress: bool) -> DownloadResult | None:
+    """The earlier result when destination + sidecar match this request (no network access), else None."""
+    sidecar = _sidecar_path(destination)
+    if not destination.is_file() or not sidecar.is_file():
+        return None
+    with contextlib.suppress(OSError, ValueError, AttributeError, KeyError):  # unreadable sidecar: redo
+        record = json.loads(sidecar.read_text())
+        matches = (
+            record.get("source") == source_url
+            and record.get("bytes") == destination.stat().st_size
+            and record.get("decompressed") == decompress
+            and (expected is None or record.get("sha256") == expected)
+        )
+        if matches:
+            return DownloadResult(
+                path=str(destination), source=source_url, bytes=record["bytes"],
+                source_bytes=record["source_bytes"], sha256=record["sha256"], resumed_from=0, cached=True, seconds=0.0,
+            )
+        log.info("%s exists but its sidecar does not match this request: downloading again", destination)
+    return None

@@ -1,0 +1,305 @@
+"""tasks.download against real servers on 127.0.0.1: the range-capable HTTP server and moto's S3 API server."""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import json
+import logging
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tasks.download import ChecksumMismatch, DownloadError, SourceNotFound, download, s3_client_from_connection
+from tests.http_range_server import start_range_server
+from tests.conftest import REPO
+from tests.servers import free_port
+
+CHUNK = 64 << 10  # small chunks, so a 300 KB source streams as several reads
+
+
+def _payload(size: int = 300_000) -> bytes:
+    """Deterministic incompressible-ish bytes (a hash chain), so offsets and checksums mean something."""
+    blocks, block = [], b"seed"
+    for _ in range(0, size, 32):
+        block = hashlib.sha256(block).digest()
+        blocks.append(block)
+    return b"".join(blocks)[:size]
+
+
+def _tsv(rows: int = 5000) -> bytes:
+    return "".join(f"{i % 2}\t{i}\t\t{i * 7:08x}\n" for i in range(rows)).encode()
+
+
+def _sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _leftovers(directory: Path) -> list[str]:
+    return sorted(p.name for p in directory.iterdir())
+
+
+@pytest.fixture
+def out(tmp_path: Path) -> Path:
+    directory = tmp_path / "out"
+    directory.mkdir()
+    return directory
+
+
+@pytest.fixture
+def source(http_server) -> bytes:
+    data = _payload()
+    (http_server.root / "day_0").write_bytes(data)
+    return data
+
+
+# --- file sources and URL validation ----------------------------------------------------------------------------------
+
+
+def test_file_url_and_plain_path_are_copied_with_sidecar(tmp_path: Path, out: Path) -> None:
+    data = _payload()
+    src = tmp_path / "src.bin"
+    src.write_bytes(data)
+    by_url = download(src.as_uri(), out / "a", chunk_bytes=CHUNK)
+    by_path = download(str(src), out / "b", chunk_bytes=CHUNK, expected_sha256=_sha(data))
+    assert (out / "a").read_bytes() == data and (out / "b").read_bytes() == data
+    assert (by_url.bytes, by_url.source_bytes, by_url.sha256) == (len(data), len(data), _sha(data))
+    assert not by_url.cached
+    sidecar = json.loads((out / "a.download.json").read_text())
+    assert sidecar["source"] == src.as_uri() and sidecar["sha256"] == _sha(data) and sidecar["bytes"] == len(data)
+    assert by_path.sha256 == _sha(data)
+    assert _leftovers(out) == ["a", "a.download.json", "b", "b.download.json"]
+
+
+def test_missing_file_is_source_not_found(tmp_path: Path, out: Path) -> None:
+    with pytest.raises(SourceNotFound, match="src.bin"):
+        download((tmp_path / "src.bin").as_uri(), out / "day_0")
+    assert _leftovers(out) == []
+
+
+@pytest.mark.parametrize(
+    "url",
+    ["s3://bucket/raw/../secret", "s3://bucket/raw//day_0", "s3://bucket/", "s3:///key"],
+)
+def test_unsafe_s3_uri_is_rejected_before_any_request(url: str, out: Path) -> None:
+    with pytest.raises(DownloadError, match="invalid S3 URI"):
+        download(url, out / "day_0", s3_client=object())  # a client that would fail if it were used
+    assert _leftovers(out) == []
+
+
+def test_credentials_in_url_are_rejected_without_echoing_them(out: Path) -> None:
+    with pytest.raises(DownloadError, match="credentials") as excinfo:
+        download("https://alice:s3cret@example.com/day_0", out / "day_0")
+    assert "s3cret" not in str(excinfo.value)
+
+
+def test_unsupported_scheme_is_named(out: Path) -> None:
+    with pytest.raises(DownloadError, match="'ftp'"):
+        download("ftp://example.com/day_0", out / "day_0")
+
+
+# --- http -------------------------------------------------------------------------------------------------------------
+
+
+def test_http_full_download_with_checksum(http_server, source: bytes, out: Path) -> None:
+    result = download(http_server.url("day_0"), out / "day_0", expected_sha256=_sha(source).upper(), chunk_bytes=CHUNK)
+    assert (out / "day_0").read_bytes() == source
+    assert (result.sha256, result.source_bytes, result.resumed_from) == (_sha(source), len(source), 0)
+    assert not result.cached
+    assert http_server.server.requests == [("/day_0", None)]
+    assert _leftovers(out) == ["day_0", "day_0.download.json"]
+
+
+@pytest.mark.reliability
+def test_http_interrupted_transfer_resumes_in_same_call(http_server, source: bytes, out: Path) -> None:
+    http_server.server.drop_after_bytes = 100_000
+    result = download(http_server.url("day_0"), out / "day_0", expected_sha256=_sha(source), chunk_bytes=CHUNK)
+    assert (out / "day_0").read_bytes() == source
+    requests = http_server.server.requests
+    assert len(requests) == 2 and requests[0][1] is None
+    assert requests[1][1] == f"bytes={result.resumed_from}-" and 0 < result.resumed_from <= 100_000
+    assert result.sha256 == _sha(source)
+
+
+@pytest.mark.reliability
+def test_http_interruption_beyond_attempts_keeps_part_for_next_retry(http_server, source: bytes, out: Path) -> None:
+    http_server.server.drop_after_bytes = 100_000
+    with pytest.raises(DownloadError, match=r"interrupted at byte \d+ after 0 resume attempts"):
+        download(http_server.url("day_0"), out / "day_0", chunk_bytes=CHUNK, max_resume_attempts=0)
+    part = out / "day_0.part"
+    kept = part.read_bytes()
+    assert _leftovers(out) == ["day_0.part"] and 0 < len(kept) <= 100_000 and source.startswith(kept)
+    retried = download(http_server.url("day_0"), out / "day_0", chunk_bytes=CHUNK, expected_sha256=_sha(source))
+    assert retried.resumed_from == len(kept)
+    assert (out / "day_0").read_bytes() == source and not part.exists()
+
+
+def test_leftover_part_resumes_with_range(http_server, source: bytes, out: Path) -> None:
+    (out / "day_0.part").write_bytes(source[:123_456])
+    result = download(http_server.url("day_0"), out / "day_0", expected_sha256=_sha(source), chunk_bytes=CHUNK)
+    assert result.resumed_from == 123_456
+    assert http_server.server.requests == [("/day_0", "bytes=123456-")]
+    assert (out / "day_0").read_bytes() == source and result.sha256 == _sha(source)
+
+
+def test_complete_leftover_part_needs_no_body(http_server, source: bytes, out: Path) -> None:
+    (out / "day_0.part").write_bytes(source)
+    result = download(http_server.url("day_0"), out / "day_0", expected_sha256=_sha(source))
+    assert http_server.server.requests == [("/day_0", f"bytes={len(source)}-")]  # answered 416, nothing resent
+    assert (out / "day_0").read_bytes() == source and result.resumed_from == len(source)
+
+
+def test_server_ignoring_range_restarts_from_zero(http_server, source: bytes, out: Path) -> None:
+    http_server.server.honour_range = False
+    stale = b"stale bytes that are not the source prefix"
+    (out / "day_0.part").write_bytes(stale)
+    result = download(http_server.url("day_0"), out / "day_0", expected_sha256=_sha(source), chunk_bytes=CHUNK)
+    assert http_server.server.requests == [("/day_0", f"bytes={len(stale)}-")]  # one request: the 200 is used
+    assert result.resumed_from == 0 and (out / "day_0").read_bytes() == source
+    assert _leftovers(out) == ["day_0", "day_0.download.json"]
+
+
+def test_checksum_mismatch_leaves_nothing(http_server, source: bytes, out: Path) -> None:
+    wrong = "0" * 64
+    with pytest.raises(ChecksumMismatch, match=f"expected {wrong}, got {_sha(source)}") as excinfo:
+        download(http_server.url("day_0"), out / "day_0", expected_sha256=wrong, chunk_bytes=CHUNK)
+    assert http_server.url("day_0") in str(excinfo.value)
+    assert _leftovers(out) == []
+
+
+def test_http_404_is_source_not_found(http_server, out: Path) -> None:
+    url = http_server.url("day_9")
+    with pytest.raises(SourceNotFound, match=f"^HTTP 404 for {url}$"):
+        download(url, out / "day_9")
+    assert _leftovers(out) == []
+
+
+def test_closed_port_cannot_reach(out: Path) -> None:
+    url = f"http://127.0.0.1:{free_port()}/day_0"
+    with pytest.raises(DownloadError, match=f"cannot reach {url}: .*[Cc]onnection refused"):
+        download(url, out / "day_0", timeout_s=2)
+    assert _leftovers(out) == []
+
+
+def test_cached_second_call_makes_no_request(http_server, source: bytes, out: Path) -> None:
+    first = download(http_server.url("day_0"), out / "day_0", expected_sha256=_sha(source))
+    seen = list(http_server.server.requests)
+    second = download(http_server.url("day_0"), out / "day_0", expected_sha256=_sha(source))
+    assert http_server.server.requests == seen
+    assert second.cached and not first.cached
+    assert (second.sha256, second.bytes, second.source_bytes) == (first.sha256, first.bytes, first.source_bytes)
+
+
+def test_changed_destination_is_downloaded_again(http_server, source: bytes, out: Path) -> None:
+    download(http_server.url("day_0"), out / "day_0")
+    (out / "day_0").write_bytes(b"truncated")  # no longer the size the sidecar vouches for
+    result = download(http_server.url("day_0"), out / "day_0")
+    assert not result.cached and len(http_server.server.requests) == 2
+    assert (out / "day_0").read_bytes() == source
+
+
+# --- gzip -------------------------------------------------------------------------------------------------------------
+
+
+def test_gz_source_is_decompressed_to_plain_file(http_server, out: Path) -> None:
+    plain = _tsv()
+    packed = gzip.compress(plain)
+    (http_server.root / "day_0.gz").write_bytes(packed)
+    result = download(http_server.url("day_0.gz"), out / "day_0", expected_sha256=_sha(packed), chunk_bytes=CHUNK)
+    assert (out / "day_0").read_bytes() == plain
+    assert (result.bytes, result.source_bytes, result.sha256) == (len(plain), len(packed), _sha(packed))
+    assert _leftovers(out) == ["day_0", "day_0.download.json"]
+
+
+def test_truncated_gzip_fails_without_destination(http_server, out: Path) -> None:
+    packed = gzip.compress(_tsv())
+    (http_server.root / "day_0.gz").write_bytes(packed[: len(packed) // 2])
+    with pytest.raises(DownloadError, match=r"corrupt or truncated gzip .*day_0\.part.* near compressed byte \d+"):
+        download(http_server.url("day_0.gz"), out / "day_0", chunk_bytes=CHUNK)
+    assert _leftovers(out) == []
+
+
+def test_corrupt_gzip_fails_without_destination(http_server, out: Path) -> None:
+    packed = bytearray(gzip.compress(_tsv()))
+    packed[len(packed) // 2 : len(packed) // 2 + 64] = bytes(64)
+    (http_server.root / "day_0.gz").write_bytes(bytes(packed))
+    with pytest.raises(DownloadError, match="corrupt or truncated gzip"):
+        download(http_server.url("day_0.gz"), out / "day_0", chunk_bytes=CHUNK)
+    assert _leftovers(out) == []
+
+
+def test_gz_kept_compressed_when_decompress_false(http_server, out: Path) -> None:
+    packed = gzip.compress(_tsv())
+    (http_server.root / "day_0.gz").write_bytes(packed)
+    result = download(http_server.url("day_0.gz"), out / "day_0.gz", decompress=False)
+    assert (out / "day_0.gz").read_bytes() == packed and result.bytes == result.source_bytes == len(packed)
+
+
+# --- s3 (moto) --------------------------------------------------------------------------------------------------------
+
+
+def test_s3_download(s3_server, s3_bucket: str, out: Path) -> None:
+    data = _payload()
+    client = s3_server.client()
+    client.put_object(Bucket=s3_bucket, Key="criteo/day_0", Body=data)
+    url = f"s3://{s3_bucket}/criteo/day_0"
+    result = download(url, out / "day_0", s3_client=client, expected_sha256=_sha(data), chunk_bytes=CHUNK)
+    assert (out / "day_0").read_bytes() == data
+    assert (result.source, result.source_bytes, result.resumed_from) == (url, len(data), 0)
+
+
+def test_s3_leftover_part_resumes(s3_server, s3_bucket: str, out: Path) -> None:
+    data = _payload()
+    client = s3_server.client()
+    client.put_object(Bucket=s3_bucket, Key="criteo/day_0", Body=data)
+    (out / "day_0.part").write_bytes(data[:200_000])
+    result = download(f"s3://{s3_bucket}/criteo/day_0", out / "day_0", s3_client=client, expected_sha256=_sha(data))
+    assert result.resumed_from == 200_000 and result.sha256 == _sha(data)
+    assert (out / "day_0").read_bytes() == data
+
+
+def test_s3_gz_with_default_client_from_environment(s3_server, s3_bucket: str, out: Path, monkeypatch) -> None:
+    for name, value in s3_server.env().items():
+        monkeypatch.setenv(name, value)
+    plain = _tsv()
+    s3_server.client().put_object(Bucket=s3_bucket, Key="day_0.gz", Body=gzip.compress(plain))
+    download(f"s3://{s3_bucket}/day_0.gz", out / "day_0", s3_client=s3_client_from_connection(None))
+    assert (out / "day_0").read_bytes() == plain
+
+
+def test_s3_missing_key_is_source_not_found(s3_server, s3_bucket: str, out: Path) -> None:
+    with pytest.raises(SourceNotFound, match="NoSuchKey"):
+        download(f"s3://{s3_bucket}/criteo/day_9", out / "day_9", s3_client=s3_server.client())
+    assert _leftovers(out) == []
+
+
+def test_s3_client_from_airflow_connection(s3_server, s3_bucket: str, tmp_path: Path, out: Path) -> None:
+    """The Airflow `aws` connection path, run in a child process so that Airflow's logging setup and AIRFLOW_HOME
+    stay out of this test session."""
+    data = _payload(1000)
+    s3_server.client().put_object(Bucket=s3_bucket, Key="day_0", Body=data)
+    connection = {"conn_type": "aws", "login": s3_server.access_key, "password": s3_server.secret_key,
+                  "extra": {"endpoint_url": s3_server.endpoint_url, "region_name": s3_server.region}}
+    script = (
+        "import sys; from pathlib import Path; from tasks.download import download, s3_client_from_connection; "
+        f"download('s3://{s3_bucket}/day_0', Path(sys.argv[1]), s3_client=s3_client_from_connection('recflow_s3'))"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "AIRFLOW"))}
+    env |= {"AIRFLOW_HOME": str(tmp_path / "airflow"), "AIRFLOW_CONN_RECFLOW_S3": json.dumps(connection)}
+    done = subprocess.run([sys.executable, "-c", script, str(out / "day_0")], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert (out / "day_0").read_bytes() == data
+
+
+def test_progress_line_reports_rate_and_eta(http_server, source: bytes, out: Path, monkeypatch, caplog) -> None:
+    monkeypatch.setattr("tasks.download._PROGRESS_EVERY_S", 0.0)
+    with caplog.at_level(logging.INFO, logger="tasks.download"):
+        download(http_server.url("day_0"), out / "day_0", chunk_bytes=CHUNK)
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("downloading ")]
+    assert lines and all(re.search(r"of 0\.3 MB \(\d+%\), [\d.]+ MB/s, ETA \d+ s", line) for line in lines)
+    assert "(100%)" in lines[-1]
