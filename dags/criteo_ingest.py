@@ -1,0 +1,78 @@
+"""
+### criteo_ingest — one run per Criteo day
+
+`download` (file / http(s) / s3; resumable, checksummed) → `validate_raw` (every row checked, bad rows
+quarantined, Great Expectations report; fails when bad rows exceed the budget) → `day_stats` (Spark: typed parquet
+copy + categorical value counts). The logical date picks the day (day 0 = `RECFLOW_CRITEO_EPOCH`); the `day` param
+overrides it for manual runs. Outputs live under the data root keyed by day, each with a manifest; re-running a
+finished day does no work. Each finished day emits an event on the `criteo_day_stats` asset.
+
+Backfill: `airflow backfill create --dag-id criteo_ingest --from-date 2026-01-01 --to-date 2026-01-24`.
+"""
+
+from __future__ import annotations
+
+from airflow.sdk import Param, dag, task
+
+from tasks.dag_support import (
+    CRITEO_DAY_STATS, DEFAULT_ARGS, SPARK_POOL, criteo_day, epoch_datetime, fail_without_retry, spark_master,
+)
+from tasks.config import load_settings
+
+
+@dag(
+    dag_id="criteo_ingest",
+    schedule="@daily",
+    start_date=epoch_datetime(),
+    catchup=False,
+    max_active_runs=3,
+    default_args=DEFAULT_ARGS,
+    tags=["recflow", "criteo", "ingest"],
+    doc_md=__doc__,
+    params={
+        "day": Param(None, type=["null", "integer"], minimum=0, maximum=10_000, title="Criteo day",
+                     description="Day index to ingest; empty = derived from the logical date."),
+        "source_url": Param("", type="string", maxLength=2048, pattern=r"^$|^(file|https?|s3)://[^\s;|&$`]+$",
+                            title="Source URL",
+                            description="Overrides the configured source template for this run (file://, "
+                                        "http(s)://, s3://). Empty = RECFLOW_CRITEO_SOURCE with {day}."),
+        "expected_sha256": Param("", type="string", pattern=r"^$|^[0-9a-f]{64}$", title="Expected sha256",
+                                 description="Checksum of the source file; empty = not checked."),
+        "bad_row_budget": Param(0.001, type="number", minimum=0, maximum=1, title="Bad-row budget",
+                                description="Fraction of malformed rows tolerated (quarantined) before failing."),
+        "aws_conn_id": Param("aws_default", type="string", pattern=r"^[A-Za-z0-9_.-]{1,200}$",
+                             description="Airflow connection with S3 credentials (s3:// sources)."),
+    },
+)
+def criteo_ingest():
+    @task
+    def download(**context) -> dict:
+        from tasks.criteo_ingest import download_day
+
+        settings = load_settings()
+        params = context["params"]
+        return download_day(settings, criteo_day(context, settings), source=params["source_url"] or None,
+                            expected_sha256=params["expected_sha256"] or None, aws_conn_id=params["aws_conn_id"])
+
+    @task
+    def validate_raw(downloaded: dict, **context) -> dict:
+        from tasks.criteo_ingest import validate_day
+        from tasks.raw_validation import DataQualityError
+
+        settings = load_settings()
+        validate = fail_without_retry(DataQualityError)(validate_day)
+        return validate(settings, downloaded["day"], bad_row_budget=context["params"]["bad_row_budget"])
+
+    @task(pool=SPARK_POOL, outlets=[CRITEO_DAY_STATS])
+    def day_stats(validated: dict, **context) -> dict:
+        from tasks.criteo_ingest import day_stats as compute_day_stats
+
+        result = compute_day_stats(load_settings(), validated["day"], spark_master=spark_master())
+        context["outlet_events"][CRITEO_DAY_STATS].extra = {"day": result["day"], "rows": result["rows"],
+                                                            "path": result["path"]}
+        return result
+
+    day_stats(validate_raw(download()))
+
+
+criteo_ingest()

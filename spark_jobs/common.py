@@ -1,0 +1,40 @@
+"""What every recflow Spark job shares: logging that names the job and day, the session, and the failure line."""
+
+from __future__ import annotations
+
+import logging
+import sys
+import time
+from collections.abc import Callable, Sequence
+from typing import TypeVar
+
+from tasks.process import ERROR_MARKER
+
+T = TypeVar("T")
+log = logging.getLogger("recflow.spark")
+
+
+def configure_logging(context: str) -> None:
+    logging.basicConfig(level=logging.INFO, stream=sys.stdout, force=True,
+                        format=f"%(asctime)s %(levelname)s [{context}] %(message)s")
+
+
+def spark_session(app_name: str):
+    """The session of a spark-submit run (master and conf come from spark-submit; tests pass local[2])."""
+    from pyspark.sql import SparkSession
+
+    spark = SparkSession.builder.appName(app_name).getOrCreate()
+    spark.sparkContext.setLogLevel("WARN")
+    return spark
+
+
+def run_job(main: Callable[[Sequence[str]], T], argv: Sequence[str]) -> T:
+    """Run a job's main; on failure print one marked line the task log (and tasks.process) can pick up."""
+    start = time.monotonic()
+    try:
+        result = main(argv)
+    except Exception as exc:  # noqa: BLE001 - reported as one line, then re-raised for the exit code
+        print(f"{ERROR_MARKER} {type(exc).__name__}: {exc}", flush=True)
+        raise
+    log.info("done in %.1f s", time.monotonic() - start)
+    return result

@@ -1,0 +1,70 @@
+"""Run a child process (spark-submit, torchrun) and stream its output into the task log line by line.
+
+Airflow shows a task's log as it is written, so each line of the child is logged when it arrives, not at the end.
+The child runs in its own process group; if the task is stopped (SIGTERM, timeout, exception), the whole group is
+killed so no Spark driver or trainer outlives its task.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+from collections import deque
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+log = logging.getLogger(__name__)
+
+ERROR_MARKER = "RECFLOW-ERROR:"  # recflow's jobs print their one-line failure reason after this marker
+
+
+@dataclass(frozen=True)
+class ProcessResult:
+    returncode: int
+    last_error_line: str
+    tail: tuple[str, ...]
+
+
+def _pick_error_line(tail: Sequence[str], marked: str | None) -> str:
+    if marked:
+        return marked
+    for line in reversed(tail):
+        if any(word in line for word in ("Error", "Exception", "error:", "FAILED")):
+            return line.strip()
+    return tail[-1].strip() if tail else "(no output)"
+
+
+def run_streaming(argv: Sequence[str], env: Mapping[str, str] | None = None, cwd: str | None = None,
+                  label: str = "child", quiet_prefixes: Sequence[str] = ()) -> ProcessResult:
+    """Run argv (a list, never a shell string), logging each output line as `[label] line`."""
+    tail: deque[str] = deque(maxlen=50)
+    marked: str | None = None
+    proc = subprocess.Popen(
+        list(argv), env=dict(env) if env is not None else None, cwd=cwd, stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, text=True, errors="backslashreplace", bufsize=1,
+        start_new_session=True,
+    )
+    try:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            line = line.rstrip("\n")
+            tail.append(line)
+            if ERROR_MARKER in line:
+                marked = line.split(ERROR_MARKER, 1)[1].strip()
+            if not any(line.startswith(p) for p in quiet_prefixes):
+                log.info("[%s] %s", label, line)
+        returncode = proc.wait()
+    finally:
+        if proc.poll() is None:
+            log.warning("[%s] stopping child process group %d", label, proc.pid)
+            try:
+                os.killpg(proc.pid, signal.SIGTERM)
+                proc.wait(timeout=20)
+            except (ProcessLookupError, subprocess.TimeoutExpired):
+                try:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+    return ProcessResult(returncode, _pick_error_line(tuple(tail), marked), tuple(tail))
