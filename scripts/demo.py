@@ -23,12 +23,18 @@ from tasks import layout  # noqa: E402
 from tasks.config import load_settings  # noqa: E402
 from tasks.synthetic_criteo import CriteoDayGenerator, write_criteo_day  # noqa: E402
 
+sys.path.insert(0, str(REPO / "scripts"))
+from run_dag import run_dag  # noqa: E402
+
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--days", type=int, default=3, help="number of Criteo days to ingest (from day 0)")
     parser.add_argument("--rows", type=int, default=100_000, help="rows per synthetic day")
     parser.add_argument("--seed", type=int, default=1234)
+    parser.add_argument("--ingest-only", action="store_true", help="stop after criteo_ingest")
+    parser.add_argument("--dlrm-conf", type=json.loads, default={},
+                        help="extra criteo_dlrm params as JSON, e.g. '{\"nproc\": 2}'")
     return parser.parse_args(argv)
 
 
@@ -44,22 +50,6 @@ def ensure_source_days(source_dir: Path, days: int, rows: int, seed: int) -> Non
         generator = generator or CriteoDayGenerator(seed)
         write_criteo_day(path, day, rows, generator=generator)
         stamp.write_text(json.dumps(wanted))
-
-
-def run_dag(dag_id: str, logical_date: datetime, conf: dict | None = None):
-    from airflow.dag_processing.dagbag import DagBag
-
-    bag = DagBag(dag_folder=str(REPO / "dags"))
-    if bag.import_errors:
-        raise SystemExit(f"DAG import errors: {bag.import_errors}")
-    return bag.get_dag(dag_id).test(logical_date=logical_date, run_conf=conf or {})
-
-
-def task_rows(dag_run) -> list[tuple[str, str, float]]:
-    rows = []
-    for ti in sorted(dag_run.get_task_instances(), key=lambda t: t.start_date or datetime.max.replace(tzinfo=timezone.utc)):
-        rows.append((ti.task_id, str(ti.state), float(ti.duration or 0.0)))
-    return rows
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -78,19 +68,26 @@ def main(argv: list[str] | None = None) -> int:
     summary = []
     start = time.monotonic()
     for day in range(args.days):
-        t0 = time.monotonic()
-        dag_run = run_dag("criteo_ingest", epoch + timedelta(days=day))
-        summary.append((day, str(dag_run.state), time.monotonic() - t0, task_rows(dag_run)))
-        if str(dag_run.state) != "success":
+        run = run_dag("criteo_ingest", epoch + timedelta(days=day))
+        summary.append((day, run["state"], run["wall_seconds"], run["tasks"]))
+        if run["state"] != "success":
             break
+    ingest_ok = all(state == "success" for _, state, *_ in summary) and len(summary) == args.days
+    training = None
+    if ingest_ok and not args.ingest_only and args.days >= 2:
+        conf = {"train_days": f"0-{args.days - 2}", "test_day": args.days - 1, **args.dlrm_conf}
+        training = run_dag("criteo_dlrm", None, conf)
     total = time.monotonic() - start
 
     print("\n=== criteo_ingest through Airflow (dag.test) ===")
     for day, state, seconds, tasks in summary:
         print(f"day {day}: {state} in {seconds:.1f} s")
-        for task_id, task_state, duration in tasks:
-            print(f"    {task_id:<14} {task_state:<8} {duration:7.1f} s")
-    print(f"total {total:.1f} s")
+        print_tasks(tasks)
+    if training:
+        print(f"\n=== criteo_dlrm ({training['run_id']}): {training['state']} in {training['wall_seconds']:.1f} s ===")
+        print_tasks(training["tasks"])
+        print_training_outcome(settings, training)
+    print(f"\ntotal {total:.1f} s")
     print("\noutputs:")
     root = settings.data_root
     for day, *_ in summary:
@@ -98,7 +95,29 @@ def main(argv: list[str] | None = None) -> int:
         print(f"         validated {layout.criteo_validated_day(root, day)} (report.json, quarantine.jsonl)")
         print(f"         stats {layout.criteo_stats_day(root, day)} (columnar/, counts/, _MANIFEST.json)")
     print(f"Airflow metadata DB and logs: {os.environ.get('AIRFLOW_HOME', '~/airflow')}")
-    return 0 if all(state == "success" for _, state, *_ in summary) else 1
+    return 0 if ingest_ok and (training is None or training["state"] == "success") else 1
+
+
+def print_tasks(tasks: dict) -> None:
+    for task_id, task in tasks.items():
+        print(f"    {task_id:<17} {task['state']:<16} {task['duration']:7.1f} s")
+
+
+def print_training_outcome(settings, training: dict) -> None:
+    from tasks.criteo_dlrm import run_paths
+    from tasks.publish import latest_version
+
+    paths = run_paths(settings, training["run_id"])
+    metrics_file = paths.evaluation / "metrics.json"
+    if metrics_file.exists():
+        metrics = json.loads(metrics_file.read_text())
+        print(f"test AUC {metrics['auc']:.4f}, logloss {metrics['logloss']:.4f} on {metrics['rows']} rows")
+    print(f"run outputs: {paths.root} (dictionary/, dataset/, train/ with training_curves.png, eval/)")
+    latest = latest_version(settings.publish_store, "criteo_dlrm")
+    if training["tasks"].get("publish", {}).get("state") == "success" and latest:
+        print(f"published: {latest['uri']} (version {latest['version']}, now latest)")
+    else:
+        print(f"not published (gate: see the gate task log); store {settings.publish_store}")
 
 
 if __name__ == "__main__":

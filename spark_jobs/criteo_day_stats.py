@@ -26,6 +26,7 @@ from tasks.storage import Manifest, atomic_directory, write_manifest
 
 COLUMNAR = "columnar"
 COUNTS = "counts"
+ROW_ORDER = "row_order"
 
 
 @dataclass(frozen=True)
@@ -42,12 +43,16 @@ def java_regex(pattern: str) -> str:
 
 
 def typed_rows(spark, path: str):
-    """The day's rows that pass the raw-format rules, typed: label tinyint, int_* bigint, cat_* string (null = empty)."""
+    """The day's rows that pass the raw-format rules, typed: label tinyint, int_* bigint, cat_* string (null =
+    empty), plus `row_order`, increasing in file order (the test/validation split of a day is by file order)."""
     from pyspark.sql import functions as F
 
     lines = spark.read.option("lineSep", "\n").text(path)
-    fields = lines.select(F.split(F.col("value"), "\t", -1).alias("f")).where(F.size("f") == len(RAW_COLUMNS))
-    named = fields.select(*[F.col("f")[i].alias(name) for i, name in enumerate(RAW_COLUMNS)])
+    # One file's splits become partitions in offset order, so (partition, index) ids increase down the file.
+    ordered = lines.select(F.col("value"), F.monotonically_increasing_id().alias(ROW_ORDER))
+    fields = ordered.select(F.split(F.col("value"), "\t", -1).alias("f"), ROW_ORDER).where(
+        F.size("f") == len(RAW_COLUMNS))
+    named = fields.select(*[F.col("f")[i].alias(name) for i, name in enumerate(RAW_COLUMNS)], ROW_ORDER)
     valid = F.col(LABEL).rlike(java_regex(LABEL_PATTERN))
     for name in INT_COLUMNS:
         valid = valid & ((F.col(name) == "") | F.col(name).rlike(java_regex(INT_PATTERN)))
@@ -62,6 +67,7 @@ def typed_rows(spark, path: str):
         F.col(LABEL).cast("tinyint").alias(LABEL),
         *[empty_to_null(name).cast("bigint").alias(name) for name in INT_COLUMNS],
         *[empty_to_null(name).alias(name) for name in CAT_COLUMNS],
+        F.col(ROW_ORDER),
     )
 
 

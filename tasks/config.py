@@ -6,6 +6,7 @@ Environment variables (all optional; with none set, everything runs on this mach
   RECFLOW_CRITEO_SOURCE    URL template of raw day files, with {day} (default: file://<data root>/criteo/source/day_{day})
   RECFLOW_BAD_ROW_BUDGET   fraction of malformed rows tolerated per day (default 0.001)
   RECFLOW_SPARK_PROFILE    local | cluster | gpu (default local)
+  RECFLOW_PUBLISH_URI      where published models go: a directory or s3://bucket/prefix (default: <data root>/published)
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ class Settings:
     criteo_source: str = ""  # empty: the synthetic source folder under the data root
     bad_row_budget: float = 0.001
     spark_profile: str = "local"
+    publish_uri: str = ""  # empty: <data root>/published
     # Rows per block when streaming a day through validation: bounds memory, independent of day size.
     validation_block_bytes: int = 64 << 20
 
@@ -33,6 +35,10 @@ class Settings:
         if self.criteo_source:
             return self.criteo_source
         return (self.data_root / "criteo" / "source").as_uri() + "/day_{day}"
+
+    @property
+    def publish_store(self) -> str:
+        return self.publish_uri or str(self.data_root / "published")
 
 
 def load_settings(env: dict[str, str] | None = None) -> Settings:
@@ -50,6 +56,8 @@ def load_settings(env: dict[str, str] | None = None) -> Settings:
         overrides["bad_row_budget"] = float(env["RECFLOW_BAD_ROW_BUDGET"])
     if env.get("RECFLOW_SPARK_PROFILE"):
         overrides["spark_profile"] = env["RECFLOW_SPARK_PROFILE"]
+    if env.get("RECFLOW_PUBLISH_URI"):
+        overrides["publish_uri"] = env["RECFLOW_PUBLISH_URI"]
     return replace(settings, **overrides)
 
 

@@ -1,0 +1,129 @@
+"""criteo_ingest end to end through Airflow itself (dag.test(): real task instances, XCom, retries, SQLite DB).
+
+Each run goes through scripts/run_dag.py in a child process with its own AIRFLOW_HOME and data root.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tasks import layout
+from tasks.storage import read_manifest
+from tasks.synthetic_criteo import CriteoDayGenerator, write_criteo_day
+from tests.conftest import CRITEO_SAMPLE
+
+pytestmark = pytest.mark.e2e
+
+REPO = Path(__file__).resolve().parents[1]
+ROWS = 3000
+
+
+@pytest.fixture(scope="module")
+def airflow_env(tmp_path_factory) -> dict[str, str]:
+    home = tmp_path_factory.mktemp("airflow")
+    data = tmp_path_factory.mktemp("data")
+    source = data / "source"
+    generator = CriteoDayGenerator(seed=7)
+    for day in (0, 1):
+        write_criteo_day(source / f"day_{day}", day, ROWS, generator=generator)
+    shutil.copy(CRITEO_SAMPLE, source / "day_2")  # 100 real Criteo rows, no trailing newline
+    lines = (source / "day_0").read_bytes().split(b"\n")
+    lines[10] = b"2\t" + lines[10].split(b"\t", 1)[1]      # label outside {0,1}
+    lines[20] = b"1\t2\t3"                                  # too few fields
+    (source / "day_3").write_bytes(b"\n".join(lines))     # 2 bad of 3000 = 0.07% ...
+    env = {**os.environ, "AIRFLOW_HOME": str(home), "RECFLOW_DATA_ROOT": str(data),
+           "RECFLOW_CRITEO_SOURCE": (source.as_uri() + "/day_{day}"), "RECFLOW_RETRY_DELAY_S": "1",
+           "AIRFLOW__CORE__LOAD_EXAMPLES": "False", "AIRFLOW__CORE__DAGS_FOLDER": str(REPO / "dags"),
+           "PYTHONPATH": str(REPO), "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+    subprocess.run(["bash", str(REPO / "scripts" / "airflow_init.sh")], env=env, check=True, timeout=300,
+                   capture_output=True)
+    return env
+
+
+def run_ingest(env: dict[str, str], day: int, **conf) -> dict:
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "scripts" / "run_dag.py"), "criteo_ingest",
+         "--logical-date", f"2026-01-{day + 1:02d}", "--conf", json.dumps(conf)],
+        env=env, capture_output=True, text=True, timeout=600)
+    lines = proc.stdout.strip().splitlines()
+    assert lines, proc.stderr[-3000:]
+    summary = json.loads(lines[-1])
+    summary["log"] = proc.stdout + proc.stderr
+    return summary
+
+
+def data_root(env) -> Path:
+    return Path(env["RECFLOW_DATA_ROOT"])
+
+
+def test_two_synthetic_days_ingest_with_manifests(airflow_env):
+    for day in (0, 1):
+        run = run_ingest(airflow_env, day)
+        assert run["state"] == "success", run["log"][-3000:]
+        assert [t["state"] for t in run["tasks"].values()] == ["success"] * 3
+        validated = read_manifest(layout.criteo_validated_day(data_root(airflow_env), day))
+        stats = read_manifest(layout.criteo_stats_day(data_root(airflow_env), day))
+        assert validated["rows"] == {"total": ROWS, "good": ROWS, "bad": 0}
+        assert stats["rows"]["good"] == ROWS
+        assert any(name.startswith("columnar/") and name.endswith(".parquet") for name in stats["files"])
+        assert any(name.startswith("counts/") for name in stats["files"])
+        assert all(entry.get("sha256") for entry in stats["files"].values())
+
+
+def test_rerun_is_cached_and_deleting_one_output_redoes_only_that(airflow_env):
+    root = data_root(airflow_env)
+    run = run_ingest(airflow_env, 0)
+    assert run["state"] == "success"
+    assert run["log"].count("nothing to do") >= 2  # validation and stats both cached
+    assert "cached" in run["log"]
+    assert "spark-submit" not in run["log"]
+    before = read_manifest(layout.criteo_validated_day(root, 0))["created_at"]
+
+    shutil.rmtree(layout.criteo_stats_day(root, 0))
+    run = run_ingest(airflow_env, 0)
+    assert run["state"] == "success"
+    assert "spark-submit" in run["log"]
+    assert read_manifest(layout.criteo_validated_day(root, 0))["created_at"] == before
+    assert read_manifest(layout.criteo_stats_day(root, 0))["rows"]["good"] == ROWS
+
+
+def test_real_criteo_sample_ingests_cleanly(airflow_env):
+    run = run_ingest(airflow_env, 2)
+    assert run["state"] == "success", run["log"][-3000:]
+    root = data_root(airflow_env)
+    assert read_manifest(layout.criteo_validated_day(root, 2))["rows"] == {"total": 100, "good": 100, "bad": 0}
+    assert read_manifest(layout.criteo_stats_day(root, 2))["rows"]["good"] == 100
+
+
+def test_bad_rows_within_budget_are_quarantined(airflow_env):
+    run = run_ingest(airflow_env, 3, bad_row_budget=0.001)
+    assert run["state"] == "success", run["log"][-3000:]
+    out = layout.criteo_validated_day(data_root(airflow_env), 3)
+    quarantined = [json.loads(line) for line in (out / "quarantine.jsonl").read_text().splitlines()]
+    assert [(q["line"], q["field"]) for q in quarantined] == [(11, 1), (21, 0)]
+    assert read_manifest(layout.criteo_stats_day(data_root(airflow_env), 3))["rows"]["good"] == ROWS - 2
+
+
+def test_bad_rows_over_budget_fail_validation_without_retry_or_downstream(airflow_env):
+    root = data_root(airflow_env)
+    shutil.rmtree(layout.criteo_validated_day(root, 3), ignore_errors=True)
+    shutil.rmtree(layout.criteo_stats_day(root, 3), ignore_errors=True)
+    run = run_ingest(airflow_env, 3, bad_row_budget=0.0001)
+    assert run["state"] == "failed"
+    assert run["tasks"]["download"]["state"] == "success"
+    assert run["tasks"]["validate_raw"]["state"] == "failed"
+    assert run["tasks"]["validate_raw"]["try_number"] == 1  # bad data is not retried
+    assert run["tasks"]["day_stats"]["state"] == "upstream_failed"
+    assert "DataQualityError: day_3: 2 bad rows of 3000" in run["log"]
+    assert "line 11, field 1 (label), column 1" in run["log"]
+    out = layout.criteo_validated_day(root, 3)
+    assert (out / "report.json").exists() and (out / "quarantine.jsonl").exists()
+    assert read_manifest(out) is None
+    assert not layout.criteo_stats_day(root, 3).exists()
