@@ -1,0 +1,147 @@
+"""Evaluate a trained DLRM (model.pt) on a split-binary mapping: ROC AUC and logloss, written to metrics.json.
+
+Entry point: `python -m models.dlrm.evaluate --model_path RUN/model.pt [--mapping test]`, or `main(argv)`.
+Predictions are streamed batch by batch and kept as float32 (5 bytes/row with the label) for the exact AUC.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from models.common.checkpoint import FORMAT_VERSION, MODEL_KIND, safe_load, write_torch_atomic
+from models.common.distributed import autocast_context, select_device
+from models.common.metrics import StreamingPredictions
+from models.common.progress import RankLog
+from models.dlrm.data import PrefetchingReader, SplitBinaryDataset
+from models.dlrm.model import Dlrm, build_model
+from tasks.feature_spec import FEATURE_SPEC_FILE, FeatureSpec
+from tasks.storage import write_text_atomic
+
+
+@dataclass
+class EvalResult:
+    model_path: Path
+    mapping: str
+    auc: float
+    logloss: float
+    rows: int
+    batches: int
+    seconds: float
+    metrics_path: Path
+
+
+def save_model_file(path: Path, model: Dlrm, config: dict[str, Any], step: int) -> Path:
+    """model.pt: final weights + the hparams to rebuild the model + the training config (what publish uploads)."""
+    payload = {
+        "kind": MODEL_KIND,
+        "version": FORMAT_VERSION,
+        "architecture": "dlrm",
+        "state_dict": {k: v.detach().cpu() for k, v in model.state_dict().items()},
+        "hparams": model.hparams,
+        "config": config,
+        "step": step,
+    }
+    write_torch_atomic(path, payload)
+    return path
+
+
+def load_model_file(path: Path, device: torch.device | str = "cpu") -> tuple[Dlrm, dict[str, Any]]:
+    """Rebuild the model from model.pt with the weights_only loader; returns (model in eval mode, payload)."""
+    payload = safe_load(Path(path), MODEL_KIND, map_location="cpu")
+    model = build_model(payload["hparams"])
+    model.load_state_dict(payload["state_dict"])
+    return model.to(device).eval(), payload
+
+
+@torch.no_grad()
+def predict_dataset(
+    model: torch.nn.Module,
+    dataset: SplitBinaryDataset,
+    device: torch.device,
+    amp: bool = False,
+    limit_batches: int | None = None,
+    prefetch_depth: int = 4,
+) -> StreamingPredictions:
+    """Logits for every row of the dataset's batches (in file order), collected with their labels."""
+    was_training = model.training
+    model.eval()
+    indices = list(range(len(dataset)))[: limit_batches if limit_batches is not None else None]
+    predictions = StreamingPredictions()
+    try:
+        with PrefetchingReader(dataset, indices, prefetch_depth) as reader:
+            for numerical, categorical, label in reader:
+                with autocast_context(device, amp):
+                    logits = model(numerical.to(device, non_blocking=True), categorical.to(device, non_blocking=True))
+                predictions.add(label.numpy(), logits.float().cpu().numpy())
+    finally:
+        model.train(was_training)
+    return predictions
+
+
+def check_cardinalities(spec: FeatureSpec, hparams: dict[str, Any], where: Path) -> None:
+    """The dataset's tables must match the model's, or ids would index the wrong (or a missing) row."""
+    data_sizes = [int(c) for c in spec.get_categorical_sizes()]
+    if data_sizes != list(hparams["categorical_cardinalities"]) or (
+        spec.get_number_of_numerical_features() != hparams["num_numerical"]
+    ):
+        raise ValueError(
+            f"{where}: dataset has {spec.get_number_of_numerical_features()} numericals and cardinalities "
+            f"{data_sizes}, the model was trained with {hparams['num_numerical']} and "
+            f"{hparams['categorical_cardinalities']}"
+        )
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description="evaluate a recflow DLRM model.pt on a split-binary mapping")
+    parser.add_argument("--model_path", required=True, type=Path, help="model.pt written by models.dlrm.train")
+    parser.add_argument("--dataset_dir", default="", help="dataset directory (default: the one the model trained on)")
+    parser.add_argument("--feature_spec", default=FEATURE_SPEC_FILE, help="feature spec file inside dataset_dir")
+    parser.add_argument("--mapping", default="test", help="source_spec mapping to evaluate (default: test)")
+    parser.add_argument("--batch_size", type=int, default=16384)
+    parser.add_argument("--limit_batches", type=int, default=None, help="evaluate at most this many batches")
+    parser.add_argument("--device", default="auto", choices=("cpu", "cuda", "auto"))
+    parser.add_argument("--amp", action=argparse.BooleanOptionalAction, default=False)
+    parser.add_argument("--prefetch_depth", type=int, default=4)
+    parser.add_argument("--output_dir", default="",
+                        help="where metrics.json goes (default: <model dir>/eval_<mapping>)")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> EvalResult:
+    args = parse_args(argv)
+    log = RankLog(0)
+    device = select_device(args.device)
+    model, payload = load_model_file(args.model_path, device)
+    dataset_dir = Path(args.dataset_dir or payload["config"]["dataset_dir"])
+    spec = FeatureSpec.from_yaml(dataset_dir / args.feature_spec)
+    check_cardinalities(spec, payload["hparams"], dataset_dir / args.feature_spec)
+    started = time.perf_counter()
+    with SplitBinaryDataset(spec, args.mapping, args.batch_size, drop_last_batch=False) as dataset:
+        log(f"evaluating {args.model_path} (step {payload['step']}) on {dataset_dir}/{args.mapping}: "
+            f"{dataset.rows} rows in {len(dataset)} batches on {device}")
+        predictions = predict_dataset(model, dataset, device, args.amp, args.limit_batches, args.prefetch_depth)
+        read = dataset.stats
+    metrics = predictions.compute()
+    seconds = time.perf_counter() - started
+    out_dir = Path(args.output_dir) if args.output_dir else Path(args.model_path).parent / f"eval_{args.mapping}"
+    metrics_path = out_dir / "metrics.json"
+    document = {**metrics, "mapping": args.mapping, "model_path": str(args.model_path), "step": payload["step"],
+                "seconds": seconds, "read_batches_per_second": read.batches_per_second,
+                "read_megabytes_per_second": read.megabytes_per_second}
+    write_text_atomic(metrics_path, json.dumps(document, indent=2, sort_keys=True))
+    log(f"eval {args.mapping}: auc {metrics['auc']:.5f} logloss {metrics['logloss']:.5f} over {metrics['rows']} rows "
+        f"in {seconds:.1f}s (read {read.megabytes_per_second:.1f} MB/s) -> {metrics_path}")
+    return EvalResult(model_path=Path(args.model_path), mapping=args.mapping, auc=metrics["auc"],
+                      logloss=metrics["logloss"], rows=metrics["rows"], batches=read.batches, seconds=seconds,
+                      metrics_path=metrics_path)
+
+
+if __name__ == "__main__":
+    print(json.dumps(asdict(main()), default=str))

@@ -1,0 +1,370 @@
+"""Train DLRM on a split-binary dataset: `torchrun ... -m models.dlrm.train --dataset_dir D --output_dir O`.
+
+Also callable in-process as `main(argv)` (world size 1 when torchrun's environment variables are absent). Data
+parallel with DDP (gloo on CPU, NCCL on CUDA), plain SGD with NVIDIA's warmup + polynomial-decay schedule,
+checkpoints every N steps by rank 0, and automatic resume from the newest checkpoint in the output dir (a retried
+Airflow task continues where the killed one stopped).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.nn.parallel import DistributedDataParallel
+
+from models.common.checkpoint import (CheckpointError, capture_rng_state, latest_checkpoint, load_checkpoint,
+                                      restore_rng_state, save_checkpoint)
+from models.common.distributed import (DistContext, autocast_context, barrier, broadcast_from_main, init_distributed,
+                                       make_grad_scaler, shutdown_distributed)
+from models.common.progress import ProgressMeter, RankLog, format_bytes, format_duration
+from models.dlrm.config import DlrmConfig, build_parser, config_from_namespace
+from models.dlrm.data import PrefetchingReader, SplitBinaryDataset, shard_batch_indices
+from models.dlrm.evaluate import predict_dataset, save_model_file
+from models.dlrm.model import Dlrm, embedding_table_bytes
+from tasks.feature_spec import FeatureSpec
+from tasks.storage import write_text_atomic
+
+
+@dataclass
+class TrainResult:
+    steps: int
+    epochs: int
+    world_size: int
+    resumed_from_step: int | None
+    samples_per_second: float
+    final_metrics: dict[str, Any]
+    embedding_bytes: int
+    weights_sha256: str
+    output_dir: Path
+    model_path: Path | None = None  # paths are set on rank 0 only
+    metrics_path: Path | None = None
+    checkpoint_path: Path | None = None
+    log_path: Path | None = None
+    plot_path: Path | None = None
+
+
+@dataclass
+class _Run:
+    """Everything one training process holds; `step` counts global optimizer steps."""
+
+    cfg: DlrmConfig
+    ctx: DistContext
+    log: RankLog
+    core: Dlrm
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LambdaLR
+    scaler: torch.amp.GradScaler | None
+    train_data: SplitBinaryDataset
+    test_data: SplitBinaryDataset
+    out: Path
+    steps_per_epoch: int
+    total_steps: int
+    model: torch.nn.Module | None = None  # DDP wrapper (or the core model alone)
+    step: int = 0
+    records: list[dict[str, Any]] = field(default_factory=list)
+    last_checkpoint: Path | None = None
+    last_checkpoint_step: int = -1
+
+
+def parse_args(argv: list[str] | None = None) -> DlrmConfig:
+    parser = build_parser("train DLRM on a split-binary dataset (NVIDIA DeepLearningExamples recipe)")
+    return config_from_namespace(parser.parse_args(argv))
+
+
+def lr_factor(step: int, warmup_steps: int, decay_start_step: int, decay_steps: int, power: float = 2.0,
+              end_lr_factor: float = 0.0) -> float:
+    """Multiplier of the base lr used by optimizer step `step` (0-based), as NVIDIA's LearningRateScheduler.
+
+    NVIDIA increments its counter before each step, so step k sees counter k+1: linear warmup (k+1)/warmup up to
+    1, flat until decay_start, then ((decay_end - (k+1)) / decay_steps) ** power, floored at end_lr_factor.
+    """
+    current = step + 1
+    if warmup_steps > 0 and current <= warmup_steps:
+        return current / warmup_steps
+    if decay_steps <= 0 or current <= decay_start_step:
+        return 1.0
+    decay_end = decay_start_step + decay_steps
+    if current > decay_end:
+        return end_lr_factor
+    return max(((decay_end - current) / decay_steps) ** power, end_lr_factor)
+
+
+def make_scheduler(optimizer: torch.optim.Optimizer, cfg: DlrmConfig) -> torch.optim.lr_scheduler.LambdaLR:
+    def factor(step: int) -> float:
+        return lr_factor(step, cfg.warmup_steps, cfg.decay_start_step, cfg.decay_steps, cfg.poly_power,
+                         cfg.end_lr_factor)
+
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+
+
+def weights_checksum(model: torch.nn.Module) -> str:
+    """sha256 over every state tensor in key order: equal on all DDP ranks iff their weights are identical."""
+    digest = hashlib.sha256()
+    for name, tensor in sorted(model.state_dict().items()):
+        digest.update(name.encode())
+        digest.update(tensor.detach().cpu().contiguous().view(-1).view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()
+
+
+def _setup(cfg: DlrmConfig, ctx: DistContext) -> _Run:
+    if not cfg.dataset_dir or not cfg.output_dir:
+        raise ValueError("both --dataset_dir and --output_dir are required")
+    if cfg.batch_size % ctx.world_size:
+        raise ValueError(f"batch_size {cfg.batch_size} is not divisible by the world size {ctx.world_size}")
+    torch.manual_seed(cfg.seed)
+    spec = FeatureSpec.from_yaml(Path(cfg.dataset_dir) / cfg.feature_spec)
+    local_batch = cfg.batch_size // ctx.world_size
+    train_data = SplitBinaryDataset(spec, cfg.train_mapping, local_batch, drop_last_batch=cfg.drop_last_train_batch)
+    steps_per_epoch = len(train_data) // ctx.world_size
+    if cfg.limit_train_batches is not None:
+        steps_per_epoch = min(steps_per_epoch, cfg.limit_train_batches)
+    if steps_per_epoch < 1:
+        train_data.close()
+        raise ValueError(f"{cfg.dataset_dir}/{cfg.train_mapping}: {train_data.rows} rows make no full step of "
+                         f"{local_batch} rows x {ctx.world_size} ranks")
+    try:
+        test_data = SplitBinaryDataset(spec, cfg.test_mapping, cfg.eval_batch_size, drop_last_batch=False)
+    except BaseException:
+        train_data.close()
+        raise
+    cards = spec.get_categorical_sizes()
+    # Logged before allocating: a table set too big for this machine is reported, then fails in the allocation.
+    log = RankLog(ctx.rank)
+    dim = cfg.bottom_mlp_sizes[-1]
+    log(f"embedding tables: {len(cards)} tables, {sum(cards):,} rows x {dim} dims = "
+        f"{format_bytes(embedding_table_bytes(cards, dim, cfg.max_table_size))} (fp32)")
+    sparse = cfg.sparse_embeddings and ctx.backend != "nccl"
+    if sparse != cfg.sparse_embeddings:
+        log("NCCL has no sparse all-reduce (pytorch/pytorch#22400): embedding gradients are dense on this run")
+    core = Dlrm(spec.get_number_of_numerical_features(), cards, cfg.bottom_mlp_sizes, cfg.top_mlp_sizes,
+                cfg.max_table_size, cfg.hash_indices, sparse).to(ctx.device)
+    optimizer = torch.optim.SGD(core.parameters(), lr=cfg.lr)
+    return _Run(cfg=cfg, ctx=ctx, log=log, core=core, optimizer=optimizer,
+                scheduler=make_scheduler(optimizer, cfg), scaler=make_grad_scaler(ctx.device, cfg.amp),
+                train_data=train_data, test_data=test_data, out=Path(cfg.output_dir),
+                steps_per_epoch=steps_per_epoch, total_steps=steps_per_epoch * cfg.epochs)
+
+
+def _checkpoint_state(run: _Run) -> dict[str, Any]:
+    return {
+        "model": run.core.state_dict(),
+        "optimizer": run.optimizer.state_dict(),
+        "scheduler": run.scheduler.state_dict(),
+        "scaler": run.scaler.state_dict() if run.scaler is not None else {},
+        "epoch": run.step // run.steps_per_epoch,
+        "config": run.cfg.to_dict(),
+        "hparams": run.core.hparams,
+        "world_size": run.ctx.world_size,
+        "records": run.records,
+        "rng": capture_rng_state(),
+    }
+
+
+def _save(run: _Run) -> None:
+    if run.ctx.is_main and run.last_checkpoint_step != run.step:
+        run.last_checkpoint = save_checkpoint(run.out / "checkpoints", run.step, _checkpoint_state(run),
+                                              keep_last=run.cfg.keep_checkpoints)
+        run.log(f"checkpoint step {run.step} -> {run.last_checkpoint}")
+    run.last_checkpoint_step = run.step
+
+
+def _check_compatible(run: _Run, path: Path, state: dict[str, Any]) -> None:
+    """Refuse a checkpoint of another model; warn about changed training knobs (they take effect from here)."""
+    def shape(hparams: dict[str, Any]) -> dict[str, Any]:
+        return {k: v for k, v in hparams.items() if k != "sparse_embeddings"}  # gradient layout, not weights
+
+    if shape(state["hparams"]) != shape(run.core.hparams):
+        raise CheckpointError(f"{path}: model {shape(state['hparams'])} differs from this run's "
+                              f"{shape(run.core.hparams)}; use a new output_dir for a different model")
+    changed = {k: f"{state['config'].get(k)!r} -> {v!r}" for k, v in run.cfg.to_dict().items()
+               if state["config"].get(k) != v}
+    if state["world_size"] != run.ctx.world_size:
+        changed["world_size"] = f"{state['world_size']} -> {run.ctx.world_size}"
+    if changed:
+        run.log(f"warning: resuming {path.name} with changed settings {changed}")
+
+
+def _resume(run: _Run) -> int | None:
+    """Load the newest checkpoint of the output dir (rank 0 picks it, every rank loads it); its step or None."""
+    found = latest_checkpoint(run.out / "checkpoints") if run.ctx.is_main else None
+    path = broadcast_from_main(run.ctx, str(found) if found else None)
+    if path is None:
+        return None
+    state = load_checkpoint(Path(path), map_location=run.ctx.device)
+    _check_compatible(run, Path(path), state)
+    run.core.load_state_dict(state["model"])
+    run.optimizer.load_state_dict(state["optimizer"])
+    run.scheduler.load_state_dict(state["scheduler"])
+    if run.scaler is not None and state["scaler"]:
+        run.scaler.load_state_dict(state["scaler"])
+    restore_rng_state(state["rng"])
+    run.step = run.last_checkpoint_step = int(state["step"])
+    run.last_checkpoint = Path(path)
+    run.records = [r for r in state["records"] if r["step"] <= run.step]
+    if run.ctx.is_main:
+        _write_log(run)
+    run.log(f"resumed from step {run.step} ({path})")
+    return run.step
+
+
+def _train_step(run: _Run, batch: tuple[torch.Tensor, torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    numerical, categorical, label = (t.to(run.ctx.device, non_blocking=True) for t in batch)
+    with autocast_context(run.ctx.device, run.cfg.amp):
+        logits = run.model(numerical, categorical)
+    loss = torch.nn.functional.binary_cross_entropy_with_logits(logits.float(), label)
+    run.optimizer.zero_grad(set_to_none=True)
+    if run.scaler is not None:
+        run.scaler.scale(loss).backward()
+        run.scaler.step(run.optimizer)
+        run.scaler.update()
+    else:
+        loss.backward()
+        run.optimizer.step()
+    run.scheduler.step()
+    return loss.detach()
+
+
+def _log_interval(run: _Run, epoch: int, loss_sum: torch.Tensor, count: int, meter: ProgressMeter) -> None:
+    """Mean loss over the interval across all ranks (every rank joins the all-reduce), one line, one record."""
+    total = torch.stack([loss_sum, torch.tensor(float(count), device=loss_sum.device)])
+    if run.ctx.is_distributed:
+        torch.distributed.all_reduce(total)
+    loss = (total[0] / total[1]).item()
+    stats = meter.report(run.step)
+    lr = run.optimizer.param_groups[0]["lr"]
+    run.log(f"step {run.step}/{run.total_steps} epoch {epoch} loss {loss:.5f} lr {lr:.4g} "
+            f"samples/s {stats.samples_per_second:,.0f} eta {format_duration(stats.eta_seconds)}")
+    _record(run, {"kind": "train", "step": run.step, "epoch": epoch, "loss": loss, "lr": lr,
+                  "samples_per_second": stats.samples_per_second})
+
+
+def _record(run: _Run, record: dict[str, Any]) -> None:
+    run.records.append(record)
+    if run.ctx.is_main:
+        with open(run.out / "train_log.jsonl", "a") as f:
+            f.write(json.dumps(record) + "\n")
+
+
+def _write_log(run: _Run) -> Path:
+    path = run.out / "train_log.jsonl"
+    write_text_atomic(path, "".join(json.dumps(r) + "\n" for r in run.records))
+    return path
+
+
+def _evaluate(run: _Run, final: bool = False) -> dict[str, Any] | None:
+    """Rank 0 evaluates on the test mapping while the other ranks wait at a barrier."""
+    metrics = None
+    if run.ctx.is_main:
+        started = time.perf_counter()
+        predictions = predict_dataset(run.core, run.test_data, run.ctx.device, run.cfg.amp,
+                                      run.cfg.limit_eval_batches, run.cfg.prefetch_depth)
+        metrics = predictions.compute()
+        run.log(f"eval step {run.step}: auc {metrics['auc']:.5f} logloss {metrics['logloss']:.5f} "
+                f"rows {metrics['rows']} in {time.perf_counter() - started:.1f}s")
+        if not any(r["kind"] == "eval" and r["step"] == run.step for r in run.records):
+            _record(run, {"kind": "eval", "step": run.step, **metrics})
+    if not final:
+        barrier(run.ctx)
+    return metrics
+
+
+def _train_epochs(run: _Run) -> ProgressMeter:
+    cfg = run.cfg
+    meter = ProgressMeter(run.total_steps, run.step, cfg.batch_size)
+    loss_sum, count = torch.zeros((), device=run.ctx.device), 0
+    for epoch in range(run.step // run.steps_per_epoch, cfg.epochs):
+        indices = shard_batch_indices(len(run.train_data), run.ctx.rank, run.ctx.world_size,
+                                      cfg.shuffle_batch_order, cfg.seed, epoch)[: run.steps_per_epoch]
+        with PrefetchingReader(run.train_data, indices[run.step - epoch * run.steps_per_epoch:],
+                               cfg.prefetch_depth) as reader:
+            for batch in reader:
+                loss_sum += _train_step(run, batch)
+                count += 1
+                run.step += 1
+                if run.step % cfg.log_every_steps == 0 or run.step == run.total_steps:
+                    _log_interval(run, epoch, loss_sum, count, meter)
+                    loss_sum, count = torch.zeros((), device=run.ctx.device), 0
+                if cfg.eval_every_steps and run.step % cfg.eval_every_steps == 0 and run.step < run.total_steps:
+                    _evaluate(run)
+                if cfg.checkpoint_every_steps and run.step % cfg.checkpoint_every_steps == 0:
+                    _save(run)
+    return meter
+
+
+def _finish(run: _Run, resumed: int | None, meter: ProgressMeter) -> TrainResult:
+    _save(run)
+    checksum = weights_checksum(run.core)
+    run.log(f"final weights sha256 {checksum} at step {run.step}", all_ranks=True)
+    result = TrainResult(steps=run.step, epochs=run.cfg.epochs, world_size=run.ctx.world_size,
+                         resumed_from_step=resumed, samples_per_second=meter.overall_samples_per_second(run.step),
+                         final_metrics={}, embedding_bytes=run.core.embedding_bytes(), weights_sha256=checksum,
+                         output_dir=run.out)
+    if not run.ctx.is_main:
+        return result
+    from models.common.plots import plot_training_curves  # matplotlib: rank 0 only, and only at the end
+
+    metrics = _evaluate(run, final=True) or {}
+    train_losses = [r["loss"] for r in run.records if r["kind"] == "train"]
+    result.final_metrics = {**metrics, "steps": run.step, "world_size": run.ctx.world_size,
+                            "batch_size": run.cfg.batch_size, "samples_per_second": result.samples_per_second,
+                            "final_train_loss": train_losses[-1] if train_losses else None,
+                            "embedding_bytes": result.embedding_bytes, "resumed_from_step": resumed,
+                            "weights_sha256": checksum, "mapping": run.cfg.test_mapping}
+    result.model_path = save_model_file(run.out / "model.pt", run.core, run.cfg.to_dict(), run.step)
+    result.log_path = _write_log(run)
+    result.plot_path = plot_training_curves(run.records, run.out / "training_curves.png", title=f"DLRM {run.out.name}")
+    result.checkpoint_path = run.last_checkpoint
+    # Written last: a metrics.json newer than model.pt means the run's outputs are complete.
+    result.metrics_path = run.out / "metrics.json"
+    write_text_atomic(result.metrics_path, json.dumps(result.final_metrics, indent=2, sort_keys=True))
+    run.log(f"done: {run.step} steps, auc {metrics.get('auc', float('nan')):.5f}, outputs in {run.out}")
+    return result
+
+
+def train(cfg: DlrmConfig, ctx: DistContext) -> TrainResult:
+    previous_threads = torch.get_num_threads()
+    if cfg.torch_threads > 0:
+        # On a shared worker, fewer threads than cores avoids OpenMP threads spinning against other jobs.
+        torch.set_num_threads(cfg.torch_threads)
+    try:
+        return _train(cfg, ctx)
+    finally:
+        torch.set_num_threads(previous_threads)
+
+
+def _train(cfg: DlrmConfig, ctx: DistContext) -> TrainResult:
+    run = _setup(cfg, ctx)
+    try:
+        run.out.mkdir(parents=True, exist_ok=True)
+        resumed = _resume(run)
+        run.model = (DistributedDataParallel(run.core, device_ids=[ctx.device] if ctx.device.type == "cuda" else None)
+                     if ctx.is_distributed else run.core)
+        run.log(f"training {run.total_steps} steps ({cfg.epochs} epochs x {run.steps_per_epoch}) of {cfg.batch_size} "
+                f"rows on {ctx.world_size} x {ctx.device} ({ctx.backend or 'single process'}), amp={cfg.amp}, "
+                f"starting at step {run.step}")
+        meter = _train_epochs(run)
+        read = run.train_data.stats
+        run.log(f"train reader: {read.batches_per_second:,.1f} batches/s, {read.megabytes_per_second:,.1f} MB/s")
+        return _finish(run, resumed, meter)
+    finally:
+        run.train_data.close()
+        run.test_data.close()
+
+
+def main(argv: list[str] | None = None) -> TrainResult:
+    cfg = parse_args(argv)
+    ctx = init_distributed(cfg.device)
+    try:
+        return train(cfg, ctx)
+    finally:
+        shutdown_distributed(ctx)
+
+
+if __name__ == "__main__":
+    main()

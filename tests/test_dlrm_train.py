@@ -1,0 +1,251 @@
+"""DLRM training: learns the planted signal, DDP on 2 gloo processes, kill-and-resume, safe checkpoint loading,
+mixed precision, the lr schedule and torchrun command lines."""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from models.common.checkpoint import CheckpointError, latest_checkpoint, load_checkpoint, save_checkpoint
+from models.common.distributed import (autocast_context, backend_for, launch_command, make_grad_scaler,
+                                       select_device)
+from models.dlrm import evaluate
+from models.dlrm.config import DlrmConfig
+from models.dlrm.model import Dlrm
+from models.dlrm.synthetic import make_synthetic_dataset
+from models.dlrm.train import lr_factor, main, make_scheduler, parse_args
+from tests.servers import free_port
+
+REPO = Path(__file__).resolve().parents[1]
+TINY = ["--bottom_mlp_sizes", "16", "8", "--top_mlp_sizes", "16", "1", "--lr", "0.5", "--warmup_steps", "20",
+        "--decay_start_step", "200", "--decay_steps", "100", "--device", "cpu", "--log_every_steps", "50",
+        "--torch_threads", "1"]  # tiny models gain nothing from threads; on a busy machine they only spin
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("synthetic")
+    make_synthetic_dataset(out, train_rows=20_000, test_rows=5_000, seed=0)
+    return out
+
+
+def _args(dataset: Path, out: Path, *extra: str) -> list[str]:
+    return ["--dataset_dir", str(dataset), "--output_dir", str(out), *TINY, *extra]
+
+
+def test_lr_schedule_is_nvidias_warmup_then_polynomial_decay() -> None:
+    curve = [lr_factor(k, warmup_steps=4, decay_start_step=8, decay_steps=4, power=2.0) for k in range(14)]
+    # step k uses NVIDIA's counter k+1: warmup 1/4..4/4, flat to step 8, ((12 - (k+1)) / 4)^2 down to 0, then 0.
+    assert curve == [0.25, 0.5, 0.75, 1.0, 1.0, 1.0, 1.0, 1.0, 0.5625, 0.25, 0.0625, 0.0, 0.0, 0.0]
+    assert lr_factor(100, 4, 8, 0) == 1.0  # decay_steps 0: no decay
+    assert lr_factor(100, 4, 8, 4, end_lr_factor=0.01) == 0.01
+    cfg = DlrmConfig(lr=2.0, warmup_steps=4, decay_start_step=8, decay_steps=4)
+    optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=cfg.lr)
+    scheduler = make_scheduler(optimizer, cfg)
+    used = []
+    for _ in range(14):
+        used.append(optimizer.param_groups[0]["lr"])
+        optimizer.step()
+        scheduler.step()
+    assert used == pytest.approx([2.0 * f for f in curve])
+
+
+def test_config_cli_roundtrip() -> None:
+    cfg = parse_args(["--dataset_dir", "d", "--output_dir", "o", "--bottom_mlp_sizes", "32", "16", "--amp",
+                      "--no-sparse_embeddings", "--limit_train_batches", "7"])
+    assert cfg.bottom_mlp_sizes == (32, 16) and cfg.amp and not cfg.sparse_embeddings
+    assert cfg.limit_train_batches == 7 and cfg.limit_eval_batches is None and cfg.batch_size == 8192
+    assert DlrmConfig.from_dict(cfg.to_dict()) == cfg
+    with pytest.raises(ValueError, match="decay_start_step"):
+        DlrmConfig(warmup_steps=100, decay_start_step=50)
+
+
+def test_tiny_run_learns_planted_signal_and_writes_outputs(dataset: Path, tmp_path: Path, capsys) -> None:
+    result = main(_args(dataset, tmp_path, "--batch_size", "128", "--epochs", "2", "--eval_every_steps", "150",
+                        "--checkpoint_every_steps", "100"))
+    out = capsys.readouterr().out
+    assert result.steps == 2 * (20_000 // 128) and result.resumed_from_step is None
+    assert result.final_metrics["auc"] >= 0.7, result.final_metrics
+    lines = out.splitlines()
+    assert lines and all(line.startswith("[rank 0] ") for line in lines)
+    assert "embedding tables: 5 tables" in lines[0]  # logged before training starts
+    assert any(re.search(r"step 100/312 epoch 0 loss [\d.]+ lr .* samples/s [\d,]+ eta \d:\d\d:\d\d", l) for l in lines)
+    metrics = json.loads((tmp_path / "metrics.json").read_text())
+    assert metrics["auc"] == result.final_metrics["auc"] and metrics["steps"] == 312
+    records = [json.loads(l) for l in (tmp_path / "train_log.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records if r["kind"] == "eval"] == [150, 300, 312]
+    assert all(r["samples_per_second"] > 0 for r in records if r["kind"] == "train")
+    assert (tmp_path / "training_curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert latest_checkpoint(tmp_path / "checkpoints") == tmp_path / "checkpoints" / "step_00000312.pt"
+    assert sorted(p.name for p in (tmp_path / "checkpoints").glob("*.pt"))[-1] == "step_00000312.pt"
+    evaluated = evaluate.main(["--model_path", str(result.model_path), "--device", "cpu"])
+    assert evaluated.auc == pytest.approx(result.final_metrics["auc"], abs=1e-6) and evaluated.rows == 5_000
+    assert json.loads(evaluated.metrics_path.read_text())["auc"] == evaluated.auc
+
+
+def test_cpu_amp_uses_bf16_matmuls_and_trains(dataset: Path, tmp_path: Path) -> None:
+    model = Dlrm(4, [40, 25, 12, 8, 300], bottom_mlp_sizes=(16, 8), top_mlp_sizes=(16, 1))
+    seen: list[torch.dtype] = []
+    for layer in (model.bottom_mlp[0], model.top_mlp[0]):
+        layer.register_forward_hook(lambda _m, _i, output: seen.append(output.dtype))
+    numerical, categorical = torch.randn(8, 4), torch.zeros(8, 5, dtype=torch.long)
+    with autocast_context(torch.device("cpu"), enabled=True):
+        model(numerical, categorical)
+    with autocast_context(torch.device("cpu"), enabled=False):
+        model(numerical, categorical)
+    assert seen == [torch.bfloat16, torch.bfloat16, torch.float32, torch.float32]
+    assert make_grad_scaler(torch.device("cpu"), amp=True) is None  # bf16 keeps fp32's exponent: no loss scaling
+    result = main(_args(dataset, tmp_path, "--amp", "--batch_size", "256", "--limit_train_batches", "40"))
+    assert result.steps == 40 and 0 < result.final_metrics["logloss"] < 1
+
+
+def test_two_process_torchrun_keeps_ranks_identical(dataset: Path, tmp_path: Path) -> None:
+    argv = launch_command(2, "models.dlrm.train", _args(dataset, tmp_path, "--batch_size", "256",
+                                                        "--limit_train_batches", "30"),
+                          master_port=free_port(), python=sys.executable)
+    proc = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    checksums = dict(re.findall(r"\[rank (\d)\] final weights sha256 (\w+) at step 30", proc.stdout))
+    assert set(checksums) == {"0", "1"} and checksums["0"] == checksums["1"], proc.stdout
+    rank1 = [l for l in proc.stdout.splitlines() if l.startswith("[rank 1]")]
+    assert len(rank1) == 1  # only the checksum line: progress is logged by rank 0 alone
+    assert "on 2 x cpu (gloo)" in proc.stdout
+    metrics = json.loads((tmp_path / "metrics.json").read_text())
+    assert metrics["world_size"] == 2 and metrics["weights_sha256"] == checksums["0"]
+
+
+def test_killed_run_resumes_from_its_last_checkpoint(dataset: Path, tmp_path: Path) -> None:
+    args = _args(dataset, tmp_path / "run", "--batch_size", "256", "--epochs", "3", "--checkpoint_every_steps", "20")
+    proc = subprocess.Popen([sys.executable, "-m", "models.dlrm.train", *args], cwd=REPO,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    pointer = tmp_path / "run" / "checkpoints" / "latest"
+    deadline = time.monotonic() + 90
+    while not pointer.exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.005)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert proc.returncode == -signal.SIGKILL, proc.stderr.read().decode()[-2000:]
+    killed_at = int(load_checkpoint(latest_checkpoint(pointer.parent))["step"])
+    total = 3 * (20_000 // 256)
+    assert 20 <= killed_at < total and not (tmp_path / "run" / "model.pt").exists()
+    resumed = main(args)
+    assert resumed.resumed_from_step == killed_at and resumed.steps == total
+    assert json.loads((tmp_path / "run" / "metrics.json").read_text())["resumed_from_step"] == killed_at
+    records = [json.loads(l) for l in (tmp_path / "run" / "train_log.jsonl").read_text().splitlines()]
+    train_steps = [r["step"] for r in records if r["kind"] == "train"]
+    assert train_steps == sorted(set(train_steps)) and train_steps[-1] == total  # no interval logged twice
+    uninterrupted = main(_args(dataset, tmp_path / "straight", "--batch_size", "256", "--epochs", "3"))
+    assert uninterrupted.weights_sha256 == resumed.weights_sha256  # resuming lost and repeated nothing
+
+
+def test_checkpoint_of_a_different_model_is_refused(dataset: Path, tmp_path: Path) -> None:
+    main(_args(dataset, tmp_path, "--limit_train_batches", "3", "--batch_size", "512"))
+    with pytest.raises(CheckpointError, match="differs from this run"):
+        main(_args(dataset, tmp_path, "--limit_train_batches", "3", "--batch_size", "512",
+                   "--bottom_mlp_sizes", "16", "4"))
+
+
+class _Exploit:
+    """Unpickling calls open(marker, 'w'), creating the marker file: proof that code ran."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return (open, (self.marker, "w"))
+
+
+def test_safe_loader_rejects_malicious_pickle_without_running_it(tmp_path: Path) -> None:
+    marker = tmp_path / "pwned"
+    bad = tmp_path / "checkpoints" / "step_00000001.pt"
+    bad.parent.mkdir()
+    torch.save({"kind": "recflow.checkpoint", "version": 1, "step": 1, "payload": _Exploit(marker)}, bad)
+    with pytest.raises(CheckpointError) as error:
+        load_checkpoint(bad)
+    assert not marker.exists()
+    message = str(error.value)
+    assert "\n" not in message and str(bad) in message and "not a recflow" in message
+    torch.load(bad, weights_only=False)["payload"].close()  # the file really is hostile: an unsafe load runs it
+    assert marker.exists()
+
+
+def test_safe_loader_rejects_files_that_are_not_checkpoints(tmp_path: Path) -> None:
+    text = tmp_path / "notes.pt"
+    text.write_text("just some text\n")
+    foreign = tmp_path / "foreign.pt"
+    torch.save({"state_dict": {"w": torch.zeros(2)}}, foreign)
+    for path, reason in ((text, "safe loader refused it"), (foreign, "kind is None")):
+        with pytest.raises(CheckpointError, match=reason) as error:
+            load_checkpoint(path)
+        assert "\n" not in str(error.value) and str(path) in str(error.value)
+    plain_pickle = tmp_path / "plain.pkl"
+    plain_pickle.write_bytes(pickle.dumps({"kind": "recflow.checkpoint"}, protocol=2))
+    with pytest.raises(CheckpointError, match="not a recflow"):
+        load_checkpoint(plain_pickle)
+
+
+def test_checkpoints_rotate_and_pointer_survives_stale_entries(tmp_path: Path) -> None:
+    directory = tmp_path / "checkpoints"
+    for step in (10, 20, 30, 40):
+        save_checkpoint(directory, step, {"weights": torch.ones(2) * step}, keep_last=2)
+    assert sorted(p.name for p in directory.glob("step_*.pt")) == ["step_00000030.pt", "step_00000040.pt"]
+    assert load_checkpoint(latest_checkpoint(directory))["weights"].tolist() == [40.0, 40.0]
+    (directory / "latest").write_text("step_00000099.pt\n")  # pointer to a file that is gone
+    (directory / ".tmp-step_00000050.pt-dead").write_bytes(b"half a file")  # a killed writer's leftover
+    assert latest_checkpoint(directory) == directory / "step_00000040.pt"
+
+
+def test_launch_command_for_cuda_nodes() -> None:
+    argv = launch_command(8, "models.dlrm.train", ["--device", "cuda", "--amp"], master_port=29500,
+                          python="/opt/venv/bin/python")
+    assert argv == ["/opt/venv/bin/python", "-m", "torch.distributed.run", "--nnodes=1", "--nproc_per_node=8",
+                    "--node_rank=0", "--master_addr=127.0.0.1", "--master_port=29500", "-m", "models.dlrm.train",
+                    "--device", "cuda", "--amp"]
+    second_node = launch_command(8, "models.dlrm.train", [], nnodes=2, node_rank=1, master_addr="10.0.0.5")
+    assert "--nnodes=2" in second_node and "--node_rank=1" in second_node and "--master_addr=10.0.0.5" in second_node
+    assert backend_for(torch.device("cuda", 7)) == "nccl" and backend_for(torch.device("cpu")) == "gloo"
+    with pytest.raises(ValueError):
+        launch_command(8, "models.dlrm.train", [], nnodes=2, node_rank=2)
+
+
+def test_device_selection_on_this_machine() -> None:
+    assert select_device("cpu") == torch.device("cpu")
+    if torch.cuda.is_available():
+        assert select_device("auto", local_rank=0).type == "cuda"
+    else:
+        assert select_device("auto") == torch.device("cpu")
+        with pytest.raises(RuntimeError, match="no CUDA device"):
+            select_device("cuda")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_amp_training_uses_fp16_and_learns(dataset: Path, tmp_path: Path) -> None:
+    model = Dlrm(4, [40, 25, 12, 8, 300], bottom_mlp_sizes=(16, 8), top_mlp_sizes=(16, 1)).cuda()
+    with autocast_context(torch.device("cuda"), enabled=True):
+        assert model.bottom_mlp[0](torch.randn(2, 4, device="cuda")).dtype == torch.float16
+    args = _args(dataset, tmp_path, "--batch_size", "128", "--epochs", "2")
+    result = main([a if a != "cpu" else "cuda" for a in args] + ["--amp"])
+    assert result.final_metrics["auc"] >= 0.7
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA devices for a 2-process NCCL run")
+def test_two_process_nccl_run(dataset: Path, tmp_path: Path) -> None:
+    args = [a if a != "cpu" else "cuda" for a in _args(dataset, tmp_path, "--batch_size", "256",
+                                                       "--limit_train_batches", "30")]
+    proc = subprocess.run(launch_command(2, "models.dlrm.train", args, master_port=free_port()), cwd=REPO,
+                          capture_output=True, text=True, timeout=300, env={**os.environ})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    checksums = set(re.findall(r"final weights sha256 (\w+)", proc.stdout))
+    assert len(checksums) == 1 and "(nccl)" in proc.stdout
