@@ -19,7 +19,7 @@ import numpy as np
 from tasks.criteo_schema import CAT_PATTERN, INT_PATTERN, LABEL_PATTERN, NUM_FIELDS, RAW_COLUMNS
 
 MAX_LINE_BYTES = 64 << 10  # a real Criteo row is ~250 bytes; anything past 64 KiB is not a row
-_TAB, _NEWLINE = 9, 10
+_TAB, _NEWLINE, _CARRIAGE_RETURN = 9, 10, 13
 
 
 @dataclass(frozen=True)
@@ -78,7 +78,7 @@ def iter_line_blocks(path: Path, block_bytes: int, max_line_bytes: int = MAX_LIN
             cut = data.rfind(b"\n")
             if cut < 0:
                 if len(data) > max_line_bytes:
-                    skipped, line_no = _skip_long_line(f, data, line_no)
+                    skipped, line_no = _skip_long_line(f, data, line_no, max_line_bytes)
                     yield line_no, b"", [skipped]
                     carry = b""
                     continue
@@ -91,7 +91,7 @@ def iter_line_blocks(path: Path, block_bytes: int, max_line_bytes: int = MAX_LIN
         yield line_no, carry, []
 
 
-def _skip_long_line(f, head: bytes, line_no: int) -> tuple[BadRow, int]:
+def _skip_long_line(f, head: bytes, line_no: int, max_line_bytes: int) -> tuple[BadRow, int]:
     """Consume the rest of an over-long line; return its BadRow and the next line number."""
     length = len(head)
     while True:
@@ -104,7 +104,7 @@ def _skip_long_line(f, head: bytes, line_no: int) -> tuple[BadRow, int]:
             f.seek(end + 1 - len(chunk), io.SEEK_CUR)
             break
         length += len(chunk)
-    bad = BadRow(line_no, 0, 1, f"line is {length} bytes, longer than {MAX_LINE_BYTES} (not a Criteo row)",
+    bad = BadRow(line_no, 0, 1, f"line is {length} bytes, longer than {max_line_bytes} (not a Criteo row)",
                  _display(head, 200))
     return bad, line_no + 1
 
@@ -128,9 +128,14 @@ def check_block(block: bytes, first_line: int, keep_good: bool = False) -> Block
                f"{NUM_FIELDS}", _display(block[starts[i]:ends[i]]))
         for i in wrong_count
     ]
-    good_lines = np.flatnonzero(fields == NUM_FIELDS)
-    if len(wrong_count):
-        block = _drop_lines(arr, starts, ends, wrong_count)
+    # pyarrow's CSV reader ends a row at '\r' too; Spark (lineSep '\n') keeps it in the field. Rows holding one
+    # are bad here, before pyarrow sees them, so both engines agree.
+    carriage = _carriage_return_rows(arr, starts, ends, tabs, fields, first_line, block)
+    bad += carriage
+    dropped = np.union1d(wrong_count, [b.line - first_line for b in carriage]).astype(np.int64)
+    good_lines = np.setdiff1d(np.arange(len(ends)), dropped)
+    if len(dropped):
+        block = _drop_lines(arr, starts, ends, dropped)
     if len(good_lines) == 0:
         return BlockResult(first_line, len(ends), None, bad)
 
@@ -159,13 +164,33 @@ def check_block(block: bytes, first_line: int, keep_good: bool = False) -> Block
         parts = raw.split(b"\t")
         column = sum(len(p) + 1 for p in parts[: field - 1]) + 1
         value = parts[field - 1]
-        reason = f"{_display(value, 60)!r} {_RULE_TEXT[rules[field - 1][1]]}"
+        reason = f"'{_display(value, 60)}' {_RULE_TEXT[rules[field - 1][1]]}"
         bad.append(BadRow(first_line + int(line_index), field, column, reason, _display(raw)))
     bad.sort(key=lambda b: b.line)
     good = None
     if keep_good:
         good = table.filter(pa.array(first_bad_field == 0)) if len(bad_idx) else table
     return BlockResult(first_line, len(ends), good, bad)
+
+
+def _carriage_return_rows(arr: np.ndarray, starts: np.ndarray, ends: np.ndarray, tabs: np.ndarray,
+                          fields: np.ndarray, first_line: int, block: bytes) -> list[BadRow]:
+    """Rows with 40 fields that hold a carriage return: bad at the field holding the first '\r' (the byte column
+    is where that field starts, as for every other field error)."""
+    positions = np.flatnonzero(arr == _CARRIAGE_RETURN)
+    if len(positions) == 0:
+        return []
+    lines, first = np.unique(np.searchsorted(ends, positions), return_index=True)
+    rows = []
+    for line, pos in zip(lines, positions[first]):
+        if fields[line] != NUM_FIELDS:
+            continue  # already bad for its field count
+        first_tab = int(np.searchsorted(tabs, starts[line]))
+        field = int(np.searchsorted(tabs, pos)) - first_tab + 1
+        field_start = starts[line] if field == 1 else tabs[first_tab + field - 2] + 1
+        rows.append(BadRow(first_line + int(line), field, int(field_start - starts[line]) + 1,
+                           "carriage return (\\r) inside the row", _display(block[starts[line]:ends[line]])))
+    return rows
 
 
 def block_line(arr: np.ndarray, starts: np.ndarray, ends: np.ndarray, index: int) -> bytes:

@@ -19,6 +19,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from tasks.criteo_schema import RAW_COLUMNS
 from tasks.raw_rows import BadRow, check_block, iter_line_blocks
 from tasks.storage import Manifest, atomic_directory, write_manifest, write_text_atomic
 
@@ -42,12 +43,14 @@ class ValidationSummary:
     reasons: dict[str, int]
 
 
+def column_name(bad: BadRow) -> str | None:
+    return RAW_COLUMNS[bad.field - 1] if bad.field else None
+
+
 def _reason_kind(bad: BadRow) -> str:
     if bad.field == 0:
         return "field count" if "fields" in bad.reason else "line too long"
-    from tasks.criteo_schema import RAW_COLUMNS
-
-    return f"{RAW_COLUMNS[bad.field - 1]}: {bad.reason.split(' ', 1)[1] if ' ' in bad.reason else bad.reason}"
+    return f"{column_name(bad)}: {bad.reason.split(' ', 1)[1] if ' ' in bad.reason else bad.reason}"
 
 
 class _Progress:
@@ -88,7 +91,8 @@ def validate_raw_file(raw: Path, out: Path, *, inputs: dict[str, Any], budget: f
                 first_bad = first_bad or bad
                 reasons[_reason_kind(bad)] += 1
                 if bad_count < QUARANTINE_LIMIT:
-                    quarantine.write(json.dumps(asdict(bad) | {"file": raw.name}) + "\n")
+                    quarantine.write(json.dumps(asdict(bad) | {"file": raw.name, "column_name": column_name(bad)})
+                                     + "\n")
                 if len(evidence_bad) < EVIDENCE_BAD_ROWS:
                     evidence_bad.append(bad.text.encode("utf-8", errors="replace"))
                 bad_count += 1

@@ -21,6 +21,7 @@ from pathlib import Path
 
 from tasks.config import REPO_ROOT
 from tasks.process import run_streaming
+from tasks.storage import atomic_file
 
 log = logging.getLogger(__name__)
 
@@ -118,13 +119,10 @@ def code_archive() -> Path:
     import zipfile
 
     target = REPO_ROOT / "build" / "recflow_spark_code.zip"
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = target.with_suffix(".tmp")
-    with zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED) as zf:
+    with atomic_file(target, "wb") as f, zipfile.ZipFile(f, "w", zipfile.ZIP_DEFLATED) as zf:
         for package in ("tasks", "spark_jobs"):
             for path in sorted((REPO_ROOT / package).rglob("*.py")):
                 zf.write(path, path.relative_to(REPO_ROOT).as_posix())
-    os.replace(tmp, target)
     return target
 
 

@@ -128,7 +128,9 @@ def write_criteo_day(path: Path, day: int, rows: int, seed: int = 1234, compress
     generator = generator or CriteoDayGenerator(seed)
     start = time.monotonic()
     with atomic_file(path, "wb") as raw:
-        sink = gzip.GzipFile(fileobj=raw, mode="wb", compresslevel=3, mtime=0) if compress else raw
+        # filename and mtime fixed: the gzip header must not carry the temporary file's name or the time.
+        sink = (gzip.GzipFile(filename=path.name.removesuffix(".gz"), fileobj=raw, mode="wb", compresslevel=3,
+                              mtime=0) if compress else raw)
         for block in generator.blocks(day, rows):
             sink.write(format_block(block))
         if compress:

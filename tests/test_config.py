@@ -1,0 +1,82 @@
+"""tasks.config: environment overrides of Settings and the Criteo day index of a logical date."""
+
+from __future__ import annotations
+
+from datetime import date
+from pathlib import Path
+
+import pytest
+
+from tasks.config import REPO_ROOT, Settings, criteo_day_index, load_settings
+
+
+def test_defaults_with_empty_environment() -> None:
+    settings = load_settings({})
+    assert settings == Settings()
+    assert settings.data_root == REPO_ROOT / "data"
+    assert settings.criteo_epoch == date(2026, 1, 1)
+    assert settings.bad_row_budget == 0.001
+    assert settings.spark_profile == "local"
+    assert settings.criteo_source_template == (REPO_ROOT / "data" / "criteo" / "source").as_uri() + "/day_{day}"
+
+
+def test_environment_overrides(tmp_path: Path) -> None:
+    env = {
+        "RECFLOW_DATA_ROOT": str(tmp_path / "root"),
+        "RECFLOW_CRITEO_EPOCH": "2025-03-01",
+        "RECFLOW_CRITEO_SOURCE": "s3://bucket/criteo/day_{day}.gz",
+        "RECFLOW_BAD_ROW_BUDGET": "0.05",
+        "RECFLOW_SPARK_PROFILE": "gpu",
+    }
+    settings = load_settings(env)
+    assert settings.data_root == (tmp_path / "root").resolve()
+    assert settings.criteo_epoch == date(2025, 3, 1)
+    assert settings.criteo_source == "s3://bucket/criteo/day_{day}.gz"
+    assert settings.criteo_source_template == "s3://bucket/criteo/day_{day}.gz"
+    assert settings.bad_row_budget == 0.05
+    assert settings.spark_profile == "gpu"
+
+
+def test_data_root_is_made_absolute(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    settings = load_settings({"RECFLOW_DATA_ROOT": "rel/data"})
+    assert settings.data_root == tmp_path.resolve() / "rel" / "data"
+    assert settings.criteo_source_template == (
+        (tmp_path.resolve() / "rel" / "data" / "criteo" / "source").as_uri() + "/day_{day}")
+
+
+def test_empty_values_fall_back_to_defaults() -> None:
+    assert load_settings({"RECFLOW_DATA_ROOT": "", "RECFLOW_BAD_ROW_BUDGET": ""}) == Settings()
+
+
+def test_reads_os_environ_by_default(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RECFLOW_DATA_ROOT", str(tmp_path))
+    monkeypatch.setenv("RECFLOW_BAD_ROW_BUDGET", "0.25")
+    settings = load_settings()
+    assert settings.data_root == tmp_path.resolve()
+    assert settings.bad_row_budget == 0.25
+
+
+def test_invalid_values_raise() -> None:
+    with pytest.raises(ValueError):
+        load_settings({"RECFLOW_CRITEO_EPOCH": "not-a-date"})
+    with pytest.raises(ValueError):
+        load_settings({"RECFLOW_BAD_ROW_BUDGET": "lots"})
+
+
+def test_settings_are_frozen() -> None:
+    with pytest.raises(AttributeError):
+        Settings().bad_row_budget = 1.0  # type: ignore[misc]
+
+
+def test_criteo_day_index() -> None:
+    epoch = date(2026, 1, 1)
+    assert criteo_day_index(epoch, epoch) == 0
+    assert criteo_day_index(date(2026, 1, 2), epoch) == 1
+    assert criteo_day_index(date(2026, 1, 24), epoch) == 23
+    assert criteo_day_index(date(2026, 3, 1), epoch) == 59
+
+
+def test_criteo_day_index_before_epoch_raises() -> None:
+    with pytest.raises(ValueError, match=r"before the Criteo epoch 2026-01-01"):
+        criteo_day_index(date(2025, 12, 31), date(2026, 1, 1))

@@ -1,0 +1,312 @@
+"""Row checks of raw Criteo TSV (tasks.raw_rows) and the validate_raw step (tasks.raw_validation, criteo_ingest).
+
+Each kind of malformed row is planted at a known line of an otherwise good file and must come back with that line,
+the first offending field and the byte column where the field starts.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from tasks import layout
+from tasks.config import Settings
+from tasks.criteo_schema import NUM_FIELDS, RAW_COLUMNS
+from tasks.raw_rows import BadRow, check_block, iter_line_blocks
+from tasks.raw_validation import DataQualityError, validate_raw_file
+from tasks.storage import MANIFEST_NAME, read_manifest
+from tasks.synthetic_criteo import CriteoDayGenerator, format_block, write_criteo_day
+from tests.conftest import CRITEO_SAMPLE
+
+BAD_LINE = 3  # where the bad row sits in the small files below
+
+
+@pytest.fixture(scope="module")
+def good_lines() -> list[bytes]:
+    block = next(CriteoDayGenerator(seed=99).blocks(0, 400, block_rows=400))
+    return format_block(block).split(b"\n")[:-1]
+
+
+def scan(path: Path, block_bytes: int = 64 << 20) -> tuple[int, list[BadRow]]:
+    """Total lines and bad rows of a file, as validate_raw_file walks it."""
+    total, bad = 0, []
+    for first_line, block, skipped in iter_line_blocks(path, block_bytes):
+        total += len(skipped)
+        bad += skipped
+        if block:
+            result = check_block(block, first_line)
+            total += result.lines
+            bad += result.bad_rows
+    return total, bad
+
+
+def where(bad: list[BadRow]) -> list[tuple[int, int, int]]:
+    return [(b.line, b.field, b.column) for b in bad]
+
+
+def field_column(line: bytes, field: int) -> int:
+    """1-based byte column where 1-based field `field` starts."""
+    return sum(len(p) + 1 for p in line.split(b"\t")[: field - 1]) + 1
+
+
+def with_field(line: bytes, field: int, value: bytes) -> bytes:
+    parts = line.split(b"\t")
+    parts[field - 1] = value
+    return b"\t".join(parts)
+
+
+def write_lines(path: Path, lines: list[bytes], trailing_newline: bool = True) -> Path:
+    path.write_bytes(b"\n".join(lines) + (b"\n" if trailing_newline else b""))
+    return path
+
+
+def test_real_sample_rows_all_pass() -> None:
+    assert CRITEO_SAMPLE.read_bytes()[-1:] != b"\n"  # the sample's last line has no newline: still a row
+    for block_bytes in (64 << 20, 500):
+        total, bad = scan(CRITEO_SAMPLE, block_bytes)
+        assert (total, bad) == (100, [])
+    result = check_block(CRITEO_SAMPLE.read_bytes(), 1, keep_good=True)
+    assert result.good_rows.num_rows == 100
+    assert result.good_rows.column_names == list(RAW_COLUMNS)
+
+
+def test_synthetic_day_passes(tmp_path: Path) -> None:
+    path = write_criteo_day(tmp_path / "day_0", 0, 3000, seed=5)
+    assert scan(path) == (3000, [])
+
+
+def _field(name: str) -> int:
+    return RAW_COLUMNS.index(name) + 1
+
+
+# (id, make the bad line from a good one, expected field, reason pattern); field 0 = whole-row problem, column 1.
+BAD_KINDS = [
+    ("too-few-fields", lambda l: l.rsplit(b"\t", 1)[0], 0, r"has 39 fields, expected 40"),
+    ("too-many-fields", lambda l: l + b"\tdeadbeef", 0, r"has 41 fields, expected 40"),
+    ("empty-line", lambda l: b"", 0, r"has 0 fields"),
+    ("label-2", lambda l: with_field(l, 1, b"2"), 1, r"'2' label must be 0 or 1"),
+    ("label-empty", lambda l: with_field(l, 1, b""), 1, r"label must be 0 or 1"),
+    ("int-not-numeric", lambda l: with_field(l, _field("int_4"), b"12a"), _field("int_4"), r"'12a' not an integer"),
+    ("int-with-spaces", lambda l: with_field(l, _field("int_0"), b" 12"), _field("int_0"), r"' 12' not an integer"),
+    ("int-float", lambda l: with_field(l, _field("int_12"), b"1.5"), _field("int_12"), r"not an integer"),
+    ("cat-9-hex", lambda l: with_field(l, _field("cat_0"), b"abcdef012"), _field("cat_0"), r"not 8 lowercase hex"),
+    ("cat-uppercase", lambda l: with_field(l, _field("cat_7"), b"ABCDEF01"), _field("cat_7"), r"not 8 lowercase"),
+    ("cat-non-hex", lambda l: with_field(l, _field("cat_25"), b"zzzzzzzz"), _field("cat_25"), r"'zzzzzzzz' not 8"),
+    ("invalid-utf8", lambda l: with_field(l, _field("cat_3"), b"\xff\xfe0000ab"), _field("cat_3"), r"xff.*not 8"),
+]
+
+
+@pytest.mark.parametrize("make, field, reason", [k[1:] for k in BAD_KINDS], ids=[k[0] for k in BAD_KINDS])
+def test_bad_row_kind_detected_at_line_field_and_column(tmp_path: Path, good_lines: list[bytes], make,
+                                                        field: int, reason: str) -> None:
+    base = good_lines[BAD_LINE - 1]
+    bad_line = make(base)
+    lines = good_lines[:6]
+    lines[BAD_LINE - 1] = bad_line
+    total, bad = scan(write_lines(tmp_path / "day", lines))
+    assert total == 6
+    column = field_column(bad_line, field) if field else 1
+    assert where(bad) == [(BAD_LINE, field, column)]
+    assert re.search(reason, bad[0].reason), bad[0].reason
+    if field:
+        assert RAW_COLUMNS[field - 1] in bad[0].describe()
+        assert f"line {BAD_LINE}, field {field}" in bad[0].describe()
+
+
+def test_first_failing_field_wins(tmp_path: Path, good_lines: list[bytes]) -> None:
+    line = with_field(with_field(good_lines[0], _field("cat_20"), b"XYZ"), _field("int_2"), b"x")
+    total, bad = scan(write_lines(tmp_path / "day", [good_lines[1], line]))
+    assert where(bad) == [(2, _field("int_2"), field_column(line, _field("int_2")))]
+
+
+def test_invalid_utf8_text_is_kept_readable(tmp_path: Path, good_lines: list[bytes]) -> None:
+    line = with_field(good_lines[0], _field("cat_3"), b"\xff\xfe0000ab")
+    _, bad = scan(write_lines(tmp_path / "day", [line]))
+    assert "\\xff\\xfe0000ab" in bad[0].text
+    json.dumps(bad[0].text)  # quarantine lines must be JSON-encodable
+
+
+def test_carriage_return_at_end_of_line_is_bad(tmp_path: Path, good_lines: list[bytes]) -> None:
+    lines = good_lines[:6]
+    lines[BAD_LINE - 1] = lines[BAD_LINE - 1] + b"\r"
+    total, bad = scan(write_lines(tmp_path / "day", lines))
+    assert total == 6
+    assert where(bad) == [(BAD_LINE, NUM_FIELDS, field_column(lines[BAD_LINE - 1], NUM_FIELDS))]
+
+
+def test_carriage_return_inside_a_field_is_quarantined(tmp_path: Path, good_lines: list[bytes]) -> None:
+    lines = good_lines[:6]
+    lines[BAD_LINE - 1] = with_field(lines[BAD_LINE - 1], _field("cat_4"), b"abc\rdef0")
+    total, bad = scan(write_lines(tmp_path / "day", lines))
+    assert where(bad) == [(BAD_LINE, _field("cat_4"), field_column(lines[BAD_LINE - 1], _field("cat_4")))]
+
+
+@pytest.mark.parametrize("block_bytes", [300, 4096, 64 << 20])
+def test_over_long_line_is_bad_at_its_line(tmp_path: Path, good_lines: list[bytes], block_bytes: int) -> None:
+    lines = good_lines[:10]
+    lines[BAD_LINE - 1] = b"x" * 100_000
+    lines[7] = with_field(lines[7], 1, b"7")  # a later bad row: its line number survives the skip
+    total, bad = scan(write_lines(tmp_path / "day", lines), block_bytes)
+    assert total == 10
+    assert where(bad) == [(BAD_LINE, 0, 1), (8, 1, 1)]
+    if block_bytes < 64 << 10:  # the line never fits a block: skipped without being held in memory
+        assert "line is 100000 bytes" in bad[0].reason
+        assert len(bad[0].text) <= 201
+
+
+def test_over_long_last_line_without_newline(tmp_path: Path, good_lines: list[bytes]) -> None:
+    path = write_lines(tmp_path / "day", good_lines[:4] + [b"y" * 100_000], trailing_newline=False)
+    assert where(scan(path, 1000)[1]) == [(5, 0, 1)]
+
+
+def test_last_line_without_trailing_newline(tmp_path: Path, good_lines: list[bytes]) -> None:
+    path = write_lines(tmp_path / "good", good_lines[:5], trailing_newline=False)
+    assert scan(path) == (5, [])
+    assert scan(path, 7) == (5, [])
+    bad_last = with_field(good_lines[4], _field("int_1"), b"-")
+    path = write_lines(tmp_path / "bad", good_lines[:4] + [bad_last], trailing_newline=False)
+    for block_bytes in (64 << 20, 7):
+        total, bad = scan(path, block_bytes)
+        assert total == 5
+        assert where(bad) == [(5, _field("int_1"), field_column(bad_last, _field("int_1")))]
+
+
+def test_line_numbers_exact_across_block_boundaries(tmp_path: Path, good_lines: list[bytes]) -> None:
+    lines = list(good_lines[:120])
+    planted = {17: 1, 18: 0, 59: _field("cat_10"), 60: _field("int_12"), 100: 0, 120: _field("cat_25")}
+    lines[16] = with_field(lines[16], 1, b"")
+    lines[17] = b""
+    lines[58] = with_field(lines[58], _field("cat_10"), b"0123456")
+    lines[59] = with_field(lines[59], _field("int_12"), b"+1")
+    lines[99] = lines[99] + b"\t"
+    lines[119] = with_field(lines[119], _field("cat_25"), b"g0000000")
+    path = write_lines(tmp_path / "day", lines)
+    expected = [(n, f, field_column(lines[n - 1], f) if f else 1) for n, f in sorted(planted.items())]
+    # At the small sizes every line spans several blocks; at 251/1000 blocks end mid-line.
+    for block_bytes in (1, 7, 251, 1000, 64 << 20):
+        total, bad = scan(path, block_bytes)
+        assert total == 120, block_bytes
+        assert where(bad) == expected, block_bytes
+
+
+# --- validate_raw_file: outputs, budget, failure line -------------------------------------------------------
+
+
+def _day_with_bad_rows(path: Path, good_lines: list[bytes], n: int, bad_at: dict[int, bytes]) -> Path:
+    lines = list(good_lines[:n])
+    for line_no, text in bad_at.items():
+        lines[line_no - 1] = text
+    return write_lines(path, lines)
+
+
+def test_validate_within_budget_writes_manifest_quarantine_and_report(tmp_path: Path,
+                                                                      good_lines: list[bytes]) -> None:
+    label_bad = with_field(good_lines[9], 1, b"2")
+    raw = _day_with_bad_rows(tmp_path / "day_0", good_lines, 200, {10: label_bad, 150: b"short\trow"})
+    out = tmp_path / "validated"
+    summary = validate_raw_file(raw, out, inputs={"raw": "x"}, budget=0.05, block_bytes=1000)
+    assert summary.rows == {"total": 200, "good": 198, "bad": 2}
+    assert summary.bad_fraction == pytest.approx(0.01)
+    assert summary.first_bad == "day_0 line 10, field 1 (label), column 1: '2' label must be 0 or 1"
+
+    manifest = read_manifest(out)
+    assert manifest is not None and manifest["rows"] == summary.rows
+    assert set(manifest["files"]) == {"quarantine.jsonl", "report.json"}
+
+    quarantined = [json.loads(line) for line in (out / "quarantine.jsonl").read_text().splitlines()]
+    assert [(q["line"], q["field"], q["column"]) for q in quarantined] == [(10, 1, 1), (150, 0, 1)]
+    assert quarantined[0]["reason"] == "'2' label must be 0 or 1"
+    assert quarantined[1]["reason"] == "has 2 fields, expected 40"
+    assert quarantined[1]["text"] == "short\trow"
+    assert {q["file"] for q in quarantined} == {"day_0"}
+
+    report = json.loads((out / "report.json").read_text())
+    assert report["rows"] == summary.rows and report["budget"] == 0.05
+    assert report["reasons"] == {"label: label must be 0 or 1": 1, "field count": 1}
+    gx = report["gx"]
+    assert gx["statistics"]["evaluated_expectations"] == 3 + 13 + 26 + 1
+    assert gx["success"] is True  # 2 bad of 200 evidence rows is within mostly = 0.95
+    failed = [r for r in gx["result"]["results"] if r["result"].get("unexpected_count")]
+    assert {r["expectation_config"]["kwargs"].get("column") for r in failed} >= {"label", "field_count"}
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".tmp-")]
+
+
+def test_quarantine_rows_name_the_column(tmp_path: Path, good_lines: list[bytes]) -> None:
+    raw = _day_with_bad_rows(tmp_path / "day_0", good_lines, 50, {5: with_field(good_lines[4], 20, b"Q")})
+    validate_raw_file(raw, tmp_path / "out", inputs={}, budget=0.5)
+    row = json.loads((tmp_path / "out" / "quarantine.jsonl").read_text().splitlines()[0])
+    assert row["column_name"] == RAW_COLUMNS[19]
+
+
+def test_validate_over_budget_fails_with_one_line_and_no_manifest(tmp_path: Path, good_lines: list[bytes]) -> None:
+    bad_int = with_field(good_lines[6], _field("int_3"), b"abc")
+    raw = _day_with_bad_rows(tmp_path / "day_4", good_lines, 100,
+                             {7: bad_int, 8: b"", 40: with_field(good_lines[39], 1, b"")})
+    out = tmp_path / "validated"
+    # A previous passing validation of this directory must not survive a failing one.
+    validate_raw_file(raw, out, inputs={"budget": 0.5}, budget=0.5)
+    assert read_manifest(out) is not None
+
+    with pytest.raises(DataQualityError) as caught:
+        validate_raw_file(raw, out, inputs={"budget": 0.01}, budget=0.01)
+    message = str(caught.value)
+    assert "\n" not in message
+    column = field_column(bad_int, _field("int_3"))
+    assert message.startswith("day_4: 3 bad rows of 100 (3.000% > budget 1.000%)")
+    assert f"line 7, field {_field('int_3')} (int_3), column {column}" in message
+    assert str(out) in message
+    assert sorted(p.name for p in out.iterdir()) == ["quarantine.jsonl", "report.json"]
+    assert not (out / MANIFEST_NAME).exists()
+    assert len((out / "quarantine.jsonl").read_text().splitlines()) == 3
+    report = json.loads((out / "report.json").read_text())
+    assert report["rows"] == {"total": 100, "good": 97, "bad": 3}
+    assert report["gx"]["success"] is False  # mostly = 0.99 with 3% bad evidence
+
+
+def test_validate_empty_file_fails(tmp_path: Path) -> None:
+    raw = tmp_path / "day_9"
+    raw.write_bytes(b"")
+    with pytest.raises(DataQualityError, match=r"empty day file \(0 rows\)"):
+        validate_raw_file(raw, tmp_path / "out", inputs={}, budget=1.0)
+    assert not (tmp_path / "out" / MANIFEST_NAME).exists()
+
+
+# --- tasks.criteo_ingest.validate_day: the cached step ------------------------------------------------------
+
+
+def test_validate_day_is_cached(tmp_path: Path, good_lines: list[bytes], monkeypatch: pytest.MonkeyPatch) -> None:
+    from tasks import criteo_ingest, raw_validation
+
+    settings = Settings(data_root=tmp_path, bad_row_budget=0.05, validation_block_bytes=4096)
+    raw = layout.criteo_raw_day(tmp_path, 2)
+    raw.parent.mkdir(parents=True)
+    _day_with_bad_rows(raw, good_lines, 120, {5: with_field(good_lines[4], _field("cat_1"), b"BAD")})
+
+    first = criteo_ingest.validate_day(settings, 2)
+    assert first == {"day": 2, "path": str(layout.criteo_validated_day(tmp_path, 2)), "total": 120, "good": 119,
+                     "bad": 1, "cached": False}
+
+    def must_not_run(*args, **kwargs):
+        raise AssertionError("validate_raw_file called although the day is validated")
+
+    monkeypatch.setattr(raw_validation, "validate_raw_file", must_not_run)
+    second = criteo_ingest.validate_day(settings, 2)
+    assert second == {**first, "cached": True}
+
+    # Other inputs (budget, raw bytes) are not the cached work: the validation runs again.
+    with pytest.raises(AssertionError, match="validate_raw_file called"):
+        criteo_ingest.validate_day(settings, 2, bad_row_budget=0.5)
+    with open(raw, "ab") as f:
+        f.write(good_lines[200] + b"\n")
+    with pytest.raises(AssertionError, match="validate_raw_file called"):
+        criteo_ingest.validate_day(settings, 2)
+
+
+def test_validate_day_without_raw_file(tmp_path: Path) -> None:
+    from tasks.criteo_ingest import StepInputMissing, validate_day
+
+    with pytest.raises(StepInputMissing, match="run download first"):
+        validate_day(Settings(data_root=tmp_path), 0)

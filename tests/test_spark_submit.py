@@ -1,0 +1,238 @@
+"""spark-submit command lines per profile (tasks.spark_submit) and streaming child processes (tasks.process)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import textwrap
+import time
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from tasks import process, spark_submit
+from tasks.process import ERROR_MARKER, run_streaming
+from tasks.spark_submit import SPARK_JOBS_DIR, SparkJobFailed, SparkSubmit, run_spark_job
+
+
+def conf_of(argv: list[str]) -> dict[str, str]:
+    pairs = [argv[i + 1] for i, arg in enumerate(argv) if arg == "--conf"]
+    return dict(pair.split("=", 1) for pair in pairs)
+
+
+def option(argv: list[str], name: str) -> str | None:
+    return argv[argv.index(name) + 1] if name in argv else None
+
+
+def test_local_profile_argv(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("RECFLOW_RAPIDS_JAR", raising=False)
+    argv = SparkSubmit("criteo_day_stats.py", ["--day", "3"]).argv()
+    assert Path(argv[0]).name == "spark-submit" and os.access(argv[0], os.X_OK)
+    assert option(argv, "--master") == "local[*]"
+    assert option(argv, "--name") == "recflow:criteo_day_stats"
+    conf = conf_of(argv)
+    assert conf["spark.sql.shuffle.partitions"] == "8"
+    assert conf["spark.pyspark.python"] == sys.executable
+    assert conf["spark.driver.extraJavaOptions"].startswith("-Dlog4j2.configurationFile=file:")
+    assert "spark.plugins" not in conf
+    assert "--jars" not in argv and "--py-files" not in argv
+    assert argv[-3:] == [str(SPARK_JOBS_DIR / "criteo_day_stats.py"), "--day", "3"]
+
+
+def test_conf_overrides_win() -> None:
+    submit = SparkSubmit("job.py", [], conf_overrides={"spark.sql.shuffle.partitions": "2", "spark.x": "y"})
+    conf = conf_of(submit.argv())
+    assert conf["spark.sql.shuffle.partitions"] == "2" and conf["spark.x"] == "y"
+
+
+def test_cluster_profile_ships_the_code() -> None:
+    argv = SparkSubmit("criteo_day_stats.py", ["--day", "1"], master="spark://127.0.0.1:7077",
+                       profile="cluster").argv()
+    assert option(argv, "--master") == "spark://127.0.0.1:7077"
+    conf = conf_of(argv)
+    assert conf["spark.sql.shuffle.partitions"] == "600"
+    assert conf["spark.sql.files.maxPartitionBytes"] == "1073741824"
+    assert "spark.plugins" not in conf
+    archive = Path(option(argv, "--py-files"))
+    with zipfile.ZipFile(archive) as zf:
+        names = set(zf.namelist())
+    assert {"tasks/criteo_schema.py", "tasks/storage.py", "spark_jobs/criteo_day_stats.py",
+            "spark_jobs/common.py"} <= names
+    # The script comes after every option (spark-submit reads what follows it as the job's own arguments).
+    assert argv.index("--py-files") < argv.index(str(SPARK_JOBS_DIR / "criteo_day_stats.py"))
+
+
+def test_cluster_profile_on_a_local_master_needs_no_archive() -> None:
+    argv = SparkSubmit("job.py", [], profile="cluster").argv()
+    assert "--py-files" not in argv
+    assert conf_of(argv)["spark.sql.shuffle.partitions"] == "600"
+
+
+def test_gpu_profile_adds_rapids(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    jar = tmp_path / "rapids-4-spark_2.13.jar"
+    monkeypatch.setenv("RECFLOW_RAPIDS_JAR", str(jar))
+    argv = SparkSubmit("criteo_day_stats.py", [], master="spark://127.0.0.1:7077", profile="gpu").argv()
+    conf = conf_of(argv)
+    assert conf["spark.plugins"] == "com.nvidia.spark.SQLPlugin"
+    assert conf["spark.executor.resource.gpu.amount"] == "1"
+    assert conf["spark.sql.shuffle.partitions"] == "600"  # the CPU cluster conf underneath
+    assert option(argv, "--jars") == str(jar)
+    # An explicit jar beats the environment.
+    argv = SparkSubmit("job.py", [], profile="gpu", rapids_jar="/opt/rapids.jar").argv()
+    assert option(argv, "--jars") == "/opt/rapids.jar"
+
+
+def test_gpu_profile_without_jar_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("RECFLOW_RAPIDS_JAR", raising=False)
+    with pytest.raises(ValueError, match=r"gpu Spark profile needs the RAPIDS Accelerator jar: set RECFLOW_RAPIDS_JAR"):
+        SparkSubmit("job.py", [], profile="gpu").argv()
+
+
+def test_unknown_profile() -> None:
+    with pytest.raises(ValueError, match=r"unknown Spark profile 'tpu'; expected one of local, cluster, gpu"):
+        SparkSubmit("job.py", [], profile="tpu").argv()
+
+
+# --- tasks.process.run_streaming ------------------------------------------------------------------------------
+
+
+class Recorder(logging.Handler):
+    """Records (monotonic time, message) of each log record; can raise after a given message to fake a kill."""
+
+    def __init__(self, raise_on: str | None = None):
+        super().__init__(logging.INFO)
+        self.records: list[tuple[float, str]] = []
+        self.raise_on = raise_on
+
+    def emit(self, record: logging.LogRecord) -> None:
+        message = record.getMessage()
+        self.records.append((time.monotonic(), message))
+        if self.raise_on and self.raise_on in message:
+            raise KeyboardInterrupt("task stopped")
+
+
+@pytest.fixture
+def recorder():
+    handlers = []
+
+    def attach(raise_on: str | None = None) -> Recorder:
+        handler = Recorder(raise_on)
+        process.log.addHandler(handler)
+        handlers.append(handler)
+        return handler
+
+    old_level = process.log.level
+    process.log.setLevel(logging.INFO)
+    yield attach
+    for handler in handlers:
+        process.log.removeHandler(handler)
+    process.log.setLevel(old_level)
+
+
+def python_child(code: str) -> list[str]:
+    return [sys.executable, "-u", "-c", textwrap.dedent(code)]
+
+
+def test_lines_are_logged_as_they_arrive(recorder) -> None:
+    seen = recorder()
+    result = run_streaming(python_child("""
+        import time
+        print("first line", flush=True)
+        time.sleep(1)
+        print("second line", flush=True)
+    """), label="kid")
+    done = time.monotonic()
+    assert result.returncode == 0
+    lines = [(t, m) for t, m in seen.records if m.startswith("[kid]")]
+    assert [m for _, m in lines] == ["[kid] first line", "[kid] second line"]
+    first_at, second_at = lines[0][0], lines[1][0]
+    assert second_at - first_at > 0.8  # the first line was logged while the child was still sleeping
+    assert done - first_at > 0.8
+    assert result.tail == ("first line", "second line")
+
+
+def test_marked_error_line_is_returned(recorder) -> None:
+    seen = recorder()
+    result = run_streaming(python_child(f"""
+        import sys
+        print("starting")
+        print("WARN something noisy")
+        print("{ERROR_MARKER} ValueError: day_3 line 7: bad label", flush=True)
+        print("Traceback (most recent call last):")
+        print("RuntimeError: wrapper")
+        sys.exit(3)
+    """), quiet_prefixes=("WARN",))
+    assert result.returncode == 3
+    assert result.last_error_line == "ValueError: day_3 line 7: bad label"
+    assert "WARN something noisy" in result.tail
+    assert not [m for _, m in seen.records if "something noisy" in m]  # quiet prefix: kept in tail, not logged
+
+
+def test_without_marker_the_last_error_looking_line_is_returned(recorder) -> None:
+    recorder()
+    result = run_streaming(python_child("""
+        import sys
+        print("java.lang.IllegalStateException: boom")
+        print("shutting down")
+        sys.exit(1)
+    """))
+    assert result.returncode == 1
+    assert result.last_error_line == "java.lang.IllegalStateException: boom"
+
+
+def _gone(pid: int) -> bool:
+    """True when the pid no longer runs (exited, or a zombie waiting for its new parent to reap it)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return True
+    return state in ("Z", "X")
+
+
+def test_interrupted_parent_kills_the_child_process_group(recorder) -> None:
+    seen = recorder(raise_on="pids")
+    start = time.monotonic()
+    with pytest.raises(KeyboardInterrupt):
+        run_streaming(python_child("""
+            import os, subprocess, sys, time
+            grandchild = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+            print("pids", os.getpid(), grandchild.pid, flush=True)
+            time.sleep(60)
+            print("never")
+        """))
+    assert time.monotonic() - start < 20
+    pids_line = [m for _, m in seen.records if "pids" in m][0]  # recorded just before the handler raised
+    child, grandchild = (int(x) for x in pids_line.split()[-2:])
+    deadline = time.monotonic() + 10
+    while not (_gone(child) and _gone(grandchild)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _gone(child), f"child {child} still running"
+    assert _gone(grandchild), f"grandchild {grandchild} in the child's process group still running"
+
+
+# --- run_spark_job with a stand-in spark-submit ---------------------------------------------------------------
+
+
+def test_run_spark_job_failure_names_the_job_and_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                      recorder) -> None:
+    fake = tmp_path / "spark-submit"
+    fake.write_text(textwrap.dedent(f"""\
+        #!{sys.executable}
+        import os, sys
+        print("argv", " ".join(sys.argv[1:]))
+        print("pythonpath", os.environ["PYTHONPATH"])
+        print("{ERROR_MARKER} FileNotFoundError: /data/day_0", flush=True)
+        sys.exit(2)
+    """))
+    fake.chmod(0o755)
+    monkeypatch.setattr(spark_submit, "spark_submit_binary", lambda: str(fake))
+    seen = recorder()
+    expected = r"^criteo_day_stats.py failed \(exit 2\): FileNotFoundError: /data/day_0$"
+    with pytest.raises(SparkJobFailed, match=expected):
+        run_spark_job(SparkSubmit("criteo_day_stats.py", ["--day", "0"]), label="spark day=0")
+    messages = [m for _, m in seen.records]
+    pythonpath = [m for m in messages if m.startswith("[spark day=0] pythonpath ")][0]
+    assert str(spark_submit.REPO_ROOT) in pythonpath.split(" ", 3)[-1].split(os.pathsep)
+    assert any(m.startswith("[spark day=0] argv --master local[*]") for m in messages)

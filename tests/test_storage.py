@@ -1,0 +1,226 @@
+"""tasks.storage: atomic files and directories, manifests, the completed-output check, stale temporaries."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tasks.storage import (
+    MANIFEST_NAME,
+    Manifest,
+    atomic_directory,
+    atomic_file,
+    completed_manifest,
+    describe_files,
+    file_sha256,
+    fingerprint,
+    read_manifest,
+    remove_stale_temporaries,
+    write_manifest,
+    write_text_atomic,
+)
+
+
+class Boom(RuntimeError):
+    pass
+
+
+def _temporaries(directory: Path) -> list[str]:
+    return sorted(p.name for p in directory.iterdir() if p.name.startswith(".tmp-"))
+
+
+def test_atomic_file_success_replaces_old_content(tmp_path: Path) -> None:
+    target = tmp_path / "out.bin"
+    target.write_bytes(b"old")
+    with atomic_file(target) as f:
+        f.write(b"new content")
+        # Readers still see the old file until the block ends.
+        assert target.read_bytes() == b"old"
+    assert target.read_bytes() == b"new content"
+    assert _temporaries(tmp_path) == []
+
+
+def test_atomic_file_failure_keeps_old_content_and_leaves_no_temporary(tmp_path: Path) -> None:
+    target = tmp_path / "out.txt"
+    target.write_text("old")
+    with pytest.raises(Boom):
+        with atomic_file(target, "w") as f:
+            f.write("half written")
+            raise Boom("writer died")
+    assert target.read_text() == "old"
+    assert _temporaries(tmp_path) == []
+
+
+def test_atomic_file_failure_without_previous_file_creates_nothing(tmp_path: Path) -> None:
+    target = tmp_path / "sub" / "out.txt"
+    with pytest.raises(Boom):
+        with atomic_file(target, "w") as f:
+            f.write("x")
+            raise Boom
+    assert not target.exists()
+    assert _temporaries(target.parent) == []
+
+
+def test_atomic_file_creates_parent_directories(tmp_path: Path) -> None:
+    target = tmp_path / "a" / "b" / "c.txt"
+    write_text_atomic(target, "hello")
+    assert target.read_text() == "hello"
+
+
+def test_atomic_directory_success_replaces_whole_directory(tmp_path: Path) -> None:
+    final = tmp_path / "day=3"
+    final.mkdir()
+    (final / "old_only.txt").write_text("old")
+    (final / "shared.txt").write_text("old")
+    with atomic_directory(final) as tmp:
+        assert tmp != final and tmp.is_dir() and list(tmp.iterdir()) == []
+        (tmp / "shared.txt").write_text("new")
+        (tmp / "nested").mkdir()
+        (tmp / "nested" / "part.bin").write_bytes(b"\x00\x01")
+        assert (final / "old_only.txt").read_text() == "old"  # old one still complete during the block
+    assert sorted(p.relative_to(final).as_posix() for p in final.rglob("*")) == [
+        "nested", "nested/part.bin", "shared.txt"]
+    assert (final / "shared.txt").read_text() == "new"
+    assert _temporaries(tmp_path) == []
+
+
+def test_atomic_directory_failure_keeps_old_directory_and_leaves_no_temporary(tmp_path: Path) -> None:
+    final = tmp_path / "out"
+    final.mkdir()
+    (final / "a.txt").write_text("old")
+    with pytest.raises(Boom):
+        with atomic_directory(final) as tmp:
+            (tmp / "a.txt").write_text("new")
+            (tmp / "b.txt").write_text("new")
+            raise Boom("job failed")
+    assert sorted(p.name for p in final.iterdir()) == ["a.txt"]
+    assert (final / "a.txt").read_text() == "old"
+    assert _temporaries(tmp_path) == []
+
+
+def test_atomic_directory_failure_on_keyboard_interrupt_cleans_up(tmp_path: Path) -> None:
+    final = tmp_path / "out"
+    with pytest.raises(KeyboardInterrupt):
+        with atomic_directory(final) as tmp:
+            (tmp / "a.txt").write_text("new")
+            raise KeyboardInterrupt
+    assert not final.exists()
+    assert _temporaries(tmp_path) == []
+
+
+def _populate(directory: Path) -> None:
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "data.bin").write_bytes(b"abc" * 1000)
+    (directory / "part").mkdir(exist_ok=True)
+    (directory / "part" / "x.txt").write_text("hello")
+
+
+def test_write_and_read_manifest(tmp_path: Path) -> None:
+    _populate(tmp_path)
+    inputs = {"raw": {"sha256": "ab" * 32, "bytes": 10}, "budget": 0.001}
+    written = write_manifest(tmp_path, Manifest(kind="test", inputs=inputs, rows={"good": 7}, extra={"k": "v"}))
+    assert set(written.files) == {"data.bin", "part/x.txt"}
+    assert written.files["data.bin"] == {"bytes": 3000, "sha256": file_sha256(tmp_path / "data.bin")}
+    assert written.created_at
+
+    read = read_manifest(tmp_path)
+    assert read is not None
+    assert read["kind"] == "test"
+    assert read["inputs"] == inputs
+    assert read["inputs_fingerprint"] == fingerprint(inputs)
+    assert read["rows"] == {"good": 7}
+    assert read["extra"] == {"k": "v"}
+    assert read["files"] == written.files
+    assert MANIFEST_NAME not in read["files"]
+    assert _temporaries(tmp_path) == []
+
+
+def test_write_manifest_without_checksums_records_sizes_only(tmp_path: Path) -> None:
+    _populate(tmp_path)
+    written = write_manifest(tmp_path, Manifest(kind="test", inputs={}), checksum=False)
+    assert written.files["part/x.txt"] == {"bytes": 5}
+
+
+def test_describe_files_excludes_manifest(tmp_path: Path) -> None:
+    _populate(tmp_path)
+    (tmp_path / MANIFEST_NAME).write_text("{}")
+    assert set(describe_files(tmp_path)) == {"data.bin", "part/x.txt"}
+
+
+def test_read_manifest_missing_or_corrupt_is_none(tmp_path: Path) -> None:
+    assert read_manifest(tmp_path) is None
+    (tmp_path / MANIFEST_NAME).write_text('{"kind": "trunc')
+    assert read_manifest(tmp_path) is None
+
+
+def test_fingerprint_is_stable_and_key_order_independent() -> None:
+    assert fingerprint({"a": 1, "b": [1, 2]}) == fingerprint({"b": [1, 2], "a": 1})
+    assert fingerprint({"a": 1}) != fingerprint({"a": 2})
+    assert len(fingerprint({})) == 16
+
+
+def test_completed_manifest_matches_same_inputs(tmp_path: Path) -> None:
+    _populate(tmp_path)
+    inputs = {"raw": "x", "rules": 1}
+    write_manifest(tmp_path, Manifest(kind="test", inputs=inputs, rows={"good": 3}))
+    found = completed_manifest(tmp_path, {"rules": 1, "raw": "x"})
+    assert found is not None and found["rows"] == {"good": 3}
+
+
+def test_completed_manifest_fingerprint_mismatch_is_none(tmp_path: Path) -> None:
+    _populate(tmp_path)
+    write_manifest(tmp_path, Manifest(kind="test", inputs={"raw": "x", "rules": 1}))
+    assert completed_manifest(tmp_path, {"raw": "x", "rules": 2}) is None
+
+
+def test_completed_manifest_deleted_file_is_none(tmp_path: Path) -> None:
+    _populate(tmp_path)
+    inputs = {"raw": "x"}
+    write_manifest(tmp_path, Manifest(kind="test", inputs=inputs))
+    (tmp_path / "part" / "x.txt").unlink()
+    assert completed_manifest(tmp_path, inputs) is None
+
+
+def test_completed_manifest_resized_file_is_none(tmp_path: Path) -> None:
+    _populate(tmp_path)
+    inputs = {"raw": "x"}
+    write_manifest(tmp_path, Manifest(kind="test", inputs=inputs))
+    with open(tmp_path / "data.bin", "ab") as f:
+        f.write(b"!")
+    assert completed_manifest(tmp_path, inputs) is None
+
+
+def test_completed_manifest_without_manifest_is_none(tmp_path: Path) -> None:
+    _populate(tmp_path)
+    assert completed_manifest(tmp_path, {}) is None
+    assert completed_manifest(tmp_path / "missing", {}) is None
+
+
+def test_completed_manifest_tampered_manifest_is_none(tmp_path: Path) -> None:
+    _populate(tmp_path)
+    inputs = {"raw": "x"}
+    write_manifest(tmp_path, Manifest(kind="test", inputs=inputs))
+    doc = json.loads((tmp_path / MANIFEST_NAME).read_text())
+    doc["inputs_fingerprint"] = "0" * 16
+    (tmp_path / MANIFEST_NAME).write_text(json.dumps(doc))
+    assert completed_manifest(tmp_path, inputs) is None
+
+
+def test_remove_stale_temporaries(tmp_path: Path) -> None:
+    (tmp_path / ".tmp-out-12345678").mkdir()
+    (tmp_path / ".tmp-out-12345678" / "part.bin").write_bytes(b"x")
+    (tmp_path / ".tmp-file.txt-abcdef01").write_text("partial")
+    (tmp_path / "keep.txt").write_text("keep")
+    (tmp_path / "keep_dir").mkdir()
+    (tmp_path / "keep_dir" / ".tmp-nested").write_text("not at top level")
+
+    assert remove_stale_temporaries(tmp_path) == 2
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["keep.txt", "keep_dir"]
+    assert (tmp_path / "keep_dir" / ".tmp-nested").exists()
+    assert remove_stale_temporaries(tmp_path) == 0
+
+
+def test_remove_stale_temporaries_missing_directory(tmp_path: Path) -> None:
+    assert remove_stale_temporaries(tmp_path / "nope") == 0
