@@ -15,8 +15,11 @@ log = logging.getLogger("recflow.spark")
 
 
 def configure_logging(context: str) -> None:
-    logging.basicConfig(level=logging.INFO, stream=sys.stdout, force=True,
+    """Log lines to stdout prefixed with the job's context (run, day). Under spark-submit the root logger has no
+    handler yet; when a test calls main() in-process, the host's handlers are kept (no force)."""
+    logging.basicConfig(level=logging.INFO, stream=sys.stdout,
                         format=f"%(asctime)s %(levelname)s [{context}] %(message)s")
+    logging.getLogger().setLevel(logging.INFO)
 
 
 def spark_session(app_name: str):
