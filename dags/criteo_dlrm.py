@@ -8,33 +8,44 @@ train shuffled, test day split into test/validation by file order, split-binary 
 checkpoint on retry) → `evaluate` (ROC AUC, logloss on the test mapping) → `gate` (AUC threshold and no worse
 than the published model; a failed gate skips publishing) → `publish` (versioned prefix, `latest` moved last).
 
-Needs `criteo_ingest` to have run for every train day and the test day. Outputs live under
-`<data root>/runs/criteo_dlrm/<run id>/`.
+Schedule: retrains when `criteo_ingest` emits a `criteo_day_stats` asset event (new data landed) and on a cron
+(`RECFLOW_RETRAIN_CRON`, default Mondays 06:00 UTC). With `train_days` / `test_day` empty, the newest ingested
+day is the test day and the `window_days` days before it are the train days. Needs `criteo_ingest` to have run
+for every day of the window. Outputs live under `<data root>/runs/criteo_dlrm/<run id>/`.
 """
 
 from __future__ import annotations
 
-from airflow.sdk import Param, dag, task
+import os
 
-from tasks.dag_support import DEFAULT_ARGS, SPARK_POOL, TRAIN_POOL, spark_master
+from airflow.sdk import AssetOrTimeSchedule, CronTriggerTimetable, Param, dag, task
+
 from tasks.config import load_settings
+from tasks.dag_support import CRITEO_DAY_STATS, DEFAULT_ARGS, SPARK_POOL, TRAIN_POOL, spark_master
 
 _MLP = r"^\d{1,5}(,\d{1,5}){0,7}$"
 
 
 @dag(
     dag_id="criteo_dlrm",
-    schedule=None,
+    schedule=AssetOrTimeSchedule(
+        timetable=CronTriggerTimetable(os.environ.get("RECFLOW_RETRAIN_CRON", "0 6 * * 1"), timezone="UTC"),
+        assets=CRITEO_DAY_STATS,
+    ),
     catchup=False,
     max_active_runs=1,
     default_args=DEFAULT_ARGS,
     tags=["recflow", "criteo", "dlrm", "training"],
     doc_md=__doc__,
     params={
-        "train_days": Param("0-1", type="string", pattern=r"^\d+(-\d+)?(,\d+(-\d+)?)*$", title="Train days",
-                            description="Criteo days to train on: ranges and lists, e.g. '0-22' or '0-3,5'."),
-        "test_day": Param(2, type="integer", minimum=0, maximum=10_000, title="Test day",
-                          description="Day held out: first half = test, second half = validation (file order)."),
+        "train_days": Param("", type="string", pattern=r"^$|^\d+(-\d+)?(,\d+(-\d+)?)*$", title="Train days",
+                            description="Criteo days to train on: ranges and lists, e.g. '0-22' or '0-3,5'. "
+                                        "Empty = the window_days days before the test day."),
+        "test_day": Param(None, type=["null", "integer"], minimum=0, maximum=10_000, title="Test day",
+                          description="Day held out: first half = test, second half = validation (file order). "
+                                      "Empty = the newest ingested day."),
+        "window_days": Param(2, type="integer", minimum=1, maximum=366,
+                             description="Train days before the test day when train_days is empty."),
         "frequency_threshold": Param(15, type="integer", minimum=0, maximum=1_000_000,
                                      description="Keep categorical values seen at least this often in the window "
                                                  "(0 = keep all); rarer values map to id 0."),
@@ -79,27 +90,36 @@ _MLP = r"^\d{1,5}(,\d{1,5}){0,7}$"
     },
 )
 def criteo_dlrm():
+    @task
+    def resolve_window(**context) -> dict:
+        from tasks.criteo_dlrm import resolve_window as resolve
+        from tasks.dag_support import fail_without_retry
+
+        params = context["params"]
+        return fail_without_retry(ValueError)(resolve)(load_settings(), params["train_days"], params["test_day"],
+                                                       params["window_days"])
+
     @task(pool=SPARK_POOL)
-    def build_dictionary(**context) -> dict:
+    def build_dictionary(window: dict, **context) -> dict:
         from spark_jobs.criteo_dictionary import parse_threshold_overrides
-        from tasks.criteo_dlrm import parse_days, run_paths
+        from tasks.criteo_dlrm import run_paths
         from tasks.criteo_preprocess import build_dictionary as build
 
         settings, params = load_settings(), context["params"]
-        return build(settings, run_paths(settings, context["run_id"]).dictionary, parse_days(params["train_days"]),
-                     params["test_day"], frequency_threshold=params["frequency_threshold"],
+        return build(settings, run_paths(settings, context["run_id"]).dictionary, window["train_days"],
+                     window["test_day"], frequency_threshold=params["frequency_threshold"],
                      threshold_overrides=parse_threshold_overrides(params["threshold_overrides"]),
                      dictionary_days=params["dictionary_days"], spark_master=spark_master())
 
     @task(pool=SPARK_POOL)
-    def transform(dictionary: dict, **context) -> dict:
-        from tasks.criteo_dlrm import parse_days, run_paths
+    def transform(window: dict, dictionary: dict, **context) -> dict:
+        from tasks.criteo_dlrm import run_paths
         from tasks.criteo_preprocess import transform_dataset
 
         settings, params = load_settings(), context["params"]
         paths = run_paths(settings, context["run_id"])
-        return transform_dataset(settings, paths.dataset, paths.dictionary, parse_days(params["train_days"]),
-                                 params["test_day"], seed=params["seed"], spark_master=spark_master())
+        return transform_dataset(settings, paths.dataset, paths.dictionary, window["train_days"], window["test_day"],
+                                 seed=params["seed"], spark_master=spark_master())
 
     @task
     def validate_dataset(dataset: dict, **context) -> dict:
@@ -122,23 +142,25 @@ def criteo_dlrm():
         return run_evaluation(load_settings(), context["run_id"])
 
     @task.short_circuit(ignore_downstream_trigger_rules=False)
-    def gate(metrics: dict, **context) -> bool:
+    def gate(window: dict, metrics: dict, **context) -> bool:
         from tasks.criteo_dlrm import gate as decide
 
-        return decide(load_settings(), context["run_id"], metrics, dict(context["params"]))["passed"]
+        return decide(load_settings(), context["run_id"], metrics, dict(context["params"]), window)["passed"]
 
     @task
-    def publish(metrics: dict, **context) -> dict:
-        from tasks.criteo_dlrm import lineage, parse_days, publish as push
+    def publish(window: dict, metrics: dict, **context) -> dict:
+        from tasks.criteo_dlrm import lineage, publish as push
 
         settings, params = load_settings(), context["params"]
-        doc = lineage(settings, context["run_id"], dict(params), parse_days(params["train_days"]), params["test_day"])
+        doc = lineage(settings, context["run_id"], dict(params), window["train_days"], window["test_day"])
         return push(settings, context["run_id"], context["dag_run"].run_after, metrics, doc,
                     model_name=params["model_name"], store_uri=params["publish_uri"] or None,
                     aws_conn_id=params["aws_conn_id"])
 
-    metrics = evaluate(train(validate_dataset(transform(build_dictionary()))))
-    gate(metrics) >> publish(metrics)
+    window = resolve_window()
+    dataset = transform(window, build_dictionary(window))
+    metrics = evaluate(train(validate_dataset(dataset)))
+    gate(window, metrics) >> publish(window, metrics)
 
 
 criteo_dlrm()

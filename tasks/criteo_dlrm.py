@@ -40,6 +40,37 @@ def parse_days(text: str) -> list[int]:
     return sorted(set(days))
 
 
+def ingested_days(settings: Settings) -> list[int]:
+    """Days whose day_stats output is complete (has a manifest), ascending."""
+    stats_root = layout.criteo_stats_day(settings.data_root, 0).parent
+    days = []
+    for path in stats_root.glob("day=*"):
+        suffix = path.name.removeprefix("day=")
+        if suffix.isdigit() and read_manifest(path) is not None:
+            days.append(int(suffix))
+    return sorted(days)
+
+
+def resolve_window(settings: Settings, train_days: str, test_day: int | None, window_days: int) -> dict[str, Any]:
+    """The run's training window. Explicit params win; otherwise the newest ingested day is the test day and the
+    `window_days` days before it are the train days (scheduled and asset-triggered retraining use this)."""
+    if test_day is None:
+        available = ingested_days(settings)
+        if not available:
+            raise ValueError(f"no ingested Criteo day under {settings.data_root}: run criteo_ingest first")
+        test_day = available[-1]
+    days = parse_days(train_days) if train_days else list(range(max(0, test_day - window_days), test_day))
+    if not days:
+        raise ValueError(f"no train days before test day {test_day} (window of {window_days} days)")
+    if test_day in days:
+        raise ValueError(f"test day {test_day} is also a train day ({train_days})")
+    missing = [d for d in [*days, test_day] if read_manifest(layout.criteo_stats_day(settings.data_root, d)) is None]
+    if missing:
+        raise ValueError(f"days {missing} are not ingested (no day_stats manifest): run criteo_ingest for them")
+    log.info("training window: train days %s, test day %d", days, test_day)
+    return {"train_days": days, "test_day": test_day}
+
+
 def mlp_sizes(text: str) -> list[int]:
     """'512,256,128' -> [512, 256, 128]."""
     try:
@@ -121,16 +152,16 @@ def open_registry(settings: Settings, conn_id: str | None = REGISTRY_CONN_ID):
     return registry
 
 
-def gate(settings: Settings, run_id: str, metrics: dict[str, Any], params: dict[str, Any], *,
-         registry_conn_id: str | None = REGISTRY_CONN_ID) -> dict[str, Any]:
+def gate(settings: Settings, run_id: str, metrics: dict[str, Any], params: dict[str, Any], window: dict[str, Any],
+         *, registry_conn_id: str | None = REGISTRY_CONN_ID) -> dict[str, Any]:
     """Decide whether this model may be published: AUC >= min_auc and not worse than the production model (the
     registry's `latest`) by more than max_regression (first model: threshold only). Records the run."""
     from tasks.gate import decide
 
     model_name = params["model_name"]
     with open_registry(settings, registry_conn_id) as registry:
-        registry.register_run(model_name, run_id, dataset="criteo", train_days=parse_days(params["train_days"]),
-                              test_day=params["test_day"], config_hash=fingerprint(model_config(params)))
+        registry.register_run(model_name, run_id, dataset="criteo", train_days=window["train_days"],
+                              test_day=window["test_day"], config_hash=fingerprint(model_config(params)))
         baseline = registry.production_metrics(model_name)
         production = registry.alias(model_name)
         decision = decide(metrics, metric="auc", min_value=params["min_auc"], baseline_metrics=baseline,

@@ -62,7 +62,7 @@ def run_dlrm(env: dict[str, str], **conf) -> dict:
 def test_dlrm_trains_evaluates_and_publishes(ingested):
     run = run_dlrm(ingested)
     assert run["state"] == "success", run["log"][-4000:]
-    assert list(run["tasks"]) == ["build_dictionary", "transform", "validate_dataset", "train", "evaluate", "gate",
+    assert list(run["tasks"]) == ["resolve_window", "build_dictionary", "transform", "validate_dataset", "train", "evaluate", "gate",
                                   "publish"]
     assert all(t["state"] == "success" for t in run["tasks"].values())
 
