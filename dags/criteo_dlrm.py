@@ -80,7 +80,7 @@ _MLP = r"^\d{1,5}(,\d{1,5}){0,7}$"
                          description="Publish only if test AUC reaches this."),
         "max_regression": Param(0.005, type="number", minimum=0, maximum=1,
                                 description="Publish only if AUC is at most this much below the published model."),
-        "model_name": Param("criteo_dlrm", type="string", pattern=r"^[A-Za-z0-9_.-]{1,64}$",
+        "model_name": Param("criteo_dlrm", type="string", pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$",
                             description="Name under which versions are published."),
         "publish_uri": Param("", type="string", pattern=r"^$|^(s3://|/)[A-Za-z0-9_./-]+$",
                              description="Directory or s3://bucket/prefix; empty = RECFLOW_PUBLISH_URI or "

@@ -394,6 +394,8 @@ def _gunzip(part: Path, destination: Path, shown: str, chunk_bytes: int) -> None
     """Decompress the verified .part into a temporary sibling, renamed over the destination only when whole."""
     with open(part, "rb") as raw, atomic_file(destination) as out:
         try:
+            if part.stat().st_size == 0:
+                raise EOFError("the file is empty (no gzip member)")
             with gzip.GzipFile(fileobj=raw) as unzipped:
                 while chunk := unzipped.read(chunk_bytes):
                     out.write(chunk)

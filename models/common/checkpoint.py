@@ -87,12 +87,26 @@ def latest_checkpoint(directory: Path) -> Path | None:
         return None
     pointer = directory / LATEST_POINTER
     if pointer.is_file():
-        candidate = directory / pointer.read_text().strip()
-        if _STEP_FILE.match(candidate.name) and candidate.is_file():
-            return candidate
-        log.warning("checkpoint pointer %s names a missing file; using the newest step file instead", pointer)
+        name = pointer.read_text().strip()
+        # Only a bare step-file name is followed: a pointer must never lead to another run's directory.
+        if _STEP_FILE.fullmatch(name) and (directory / name).is_file():
+            return directory / name
+        log.warning("checkpoint pointer %s names %r, not a step file here; using the newest step file", pointer, name)
     files = _step_files(directory)
     return files[-1] if files else None
+
+
+_CONTROL = re.compile(r"\x1b\[[0-9;]*m|[\x00-\x1f\x7f]")
+
+
+def _refusal_reason(exc: Exception) -> str:
+    """The reason torch's weights_only loader gave, as one plain line. Its message also advises re-running with
+    weights_only=False; that advice is never repeated."""
+    text = _CONTROL.sub(" ", str(exc))
+    match = re.search(r"WeightsUnpickler error:\s*(.*?)(?:\s{2,}|Check the documentation|$)", text)
+    reason = match.group(1) if match else text.strip().split("  ")[0]
+    reason = re.sub(r"\s+", " ", reason).strip()
+    return reason[:300] or type(exc).__name__
 
 
 def safe_load(path: Path, kind: str, map_location: str | torch.device = "cpu") -> dict[str, Any]:
@@ -102,9 +116,8 @@ def safe_load(path: Path, kind: str, map_location: str | torch.device = "cpu") -
     except FileNotFoundError:
         raise CheckpointError(f"{path}: no such checkpoint file") from None
     except Exception as exc:  # torch raises UnpicklingError, RuntimeError, EOFError... for foreign files
-        first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise CheckpointError(
-            f"{path}: not a recflow {kind} file (safe loader refused it: {type(exc).__name__}: {first_line})"
+            f"{path}: not a recflow {kind} file (safe loader refused it: {type(exc).__name__}: {_refusal_reason(exc)})"
         ) from None
     if not isinstance(payload, dict) or payload.get("kind") != kind:
         found = payload.get("kind") if isinstance(payload, dict) else type(payload).__name__
