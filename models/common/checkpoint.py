@@ -103,7 +103,7 @@ def _refusal_reason(exc: Exception) -> str:
     """The reason torch's weights_only loader gave, as one plain line. Its message also advises re-running with
     weights_only=False; that advice is never repeated."""
     text = _CONTROL.sub(" ", str(exc))
-    match = re.search(r"WeightsUnpickler error:\s*(.*?)(?:\s{2,}|Check the documentation|$)", text)
+    match = re.search(r"WeightsUnpickler error:\s*(.*?)(?:\s{2,}|\. Please use|Check the documentation|$)", text)
     reason = match.group(1) if match else text.strip().split("  ")[0]
     reason = re.sub(r"\s+", " ", reason).strip()
     return reason[:300] or type(exc).__name__
