@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 AIRFLOW_ENV := source scripts/airflow_env.sh
 PYTEST_ARGS ?=
 
-.PHONY: venv test test-fast test-e2e demo airflow airflow-init lock clean
+.PHONY: venv test test-fast demo bench airflow airflow-init lock clean
 
 venv: $(STAMP)
 
@@ -27,6 +27,10 @@ test: venv
 
 test-fast: venv
 	$(AIRFLOW_ENV) && $(PY) -m pytest -m "not gpu and not e2e and not integration and not slow" $(PYTEST_ARGS)
+
+# Benchmarks (quick mode < 10 min; BENCH_ARGS=--full for bigger runs): bench/results/*.json + docs/PERFORMANCE.md
+bench: venv airflow-init
+	$(AIRFLOW_ENV) && $(PY) -m bench.run $(BENCH_ARGS)
 
 demo: venv airflow-init
 	$(AIRFLOW_ENV) && $(PY) scripts/demo.py $(DEMO_ARGS)
