@@ -12,7 +12,7 @@ Backfill: `airflow backfill create --dag-id criteo_ingest --from-date 2026-01-01
 
 from __future__ import annotations
 
-from airflow.sdk import Param, dag, task
+from airflow.sdk import CronDataIntervalTimetable, Param, dag, task
 
 from tasks.dag_support import (
     CRITEO_DAY_STATS, DEFAULT_ARGS, SPARK_POOL, criteo_day, epoch_datetime, fail_without_retry, spark_master,
@@ -22,7 +22,9 @@ from tasks.config import load_settings
 
 @dag(
     dag_id="criteo_ingest",
-    schedule="@daily",
+    # A data-interval timetable: the run that fires at midnight has the day that just ended as its logical date
+    # (with "@daily", Airflow 3 would give it the day that just started, whose file is not complete yet).
+    schedule=CronDataIntervalTimetable("@daily", timezone="UTC"),
     start_date=epoch_datetime(),
     catchup=False,
     max_active_runs=3,

@@ -7,17 +7,49 @@ killed so no Spark driver or trainer outlives its task.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
 import subprocess
+import threading
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 log = logging.getLogger(__name__)
 
 ERROR_MARKER = "RECFLOW-ERROR:"  # recflow's jobs print their one-line failure reason after this marker
+
+
+@contextlib.contextmanager
+def _group_killed_on_sigterm(pgid: int, label: str) -> Iterator[None]:
+    """While the child runs, SIGTERM first stops the child's process group, then does what it did before.
+
+    Airflow 3's task runner answers SIGTERM (run marked failed, task cleared) by calling the operator's on_kill()
+    and carrying on; its supervisor SIGKILLs the task 5 s later. No exception reaches run_streaming's `finally`,
+    so without this the child, in its own session, would outlive its task.
+    """
+    if threading.current_thread() is not threading.main_thread():  # handlers can only be set from main thread
+        yield
+        return
+    previous = signal.getsignal(signal.SIGTERM)
+
+    def stop_child(signum, frame):
+        log.warning("[%s] SIGTERM: stopping child process group %d", label, pgid)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pgid, signal.SIGTERM)
+        if callable(previous):
+            previous(signum, frame)
+        elif previous == signal.SIG_DFL:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    signal.signal(signal.SIGTERM, stop_child)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 @dataclass(frozen=True)
@@ -47,15 +79,16 @@ def run_streaming(argv: Sequence[str], env: Mapping[str, str] | None = None, cwd
         start_new_session=True,
     )
     try:
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            line = line.rstrip("\n")
-            tail.append(line)
-            if ERROR_MARKER in line:
-                marked = line.split(ERROR_MARKER, 1)[1].strip()
-            if not any(line.startswith(p) for p in quiet_prefixes):
-                log.info("[%s] %s", label, line)
-        returncode = proc.wait()
+        with _group_killed_on_sigterm(proc.pid, label):
+            assert proc.stdout is not None
+            for line in proc.stdout:
+                line = line.rstrip("\n")
+                tail.append(line)
+                if ERROR_MARKER in line:
+                    marked = line.split(ERROR_MARKER, 1)[1].strip()
+                if not any(line.startswith(p) for p in quiet_prefixes):
+                    log.info("[%s] %s", label, line)
+            returncode = proc.wait()
     finally:
         if proc.poll() is None:
             log.warning("[%s] stopping child process group %d", label, proc.pid)
