@@ -1,0 +1,188 @@
+"""What every benchmark module shares: the two modes, summary statistics, figures, paths and machine facts.
+
+A figure is the median of repeated samples with its spread (min-max) and the number of samples. A ratio is taken
+from samples of the same run: paired sample by sample when the two sides were measured interleaved (loader,
+training), otherwise the ratio of the medians with the widest range the two spreads allow (worst / best pairing).
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import logging
+import os
+import platform
+import resource
+import statistics
+import subprocess
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+BENCH_DIR = REPO / "bench"
+CACHE_DIR = BENCH_DIR / ".cache"
+RESULTS_DIR = BENCH_DIR / "results"
+DOCS_DIR = REPO / "docs"
+PERF_DIR = DOCS_DIR / "perf"
+SEED = 1234
+
+log = logging.getLogger("bench")
+
+
+@dataclass(frozen=True)
+class TrainShape:
+    """The DLRM run of the training figure (trainer and ceiling use the same numbers)."""
+
+    batch_size: int
+    bottom_mlp: tuple[int, ...]
+    top_mlp: tuple[int, ...]
+    warmup_steps: int    # not timed: the first log interval (allocations, first sparse updates)
+    measured_steps: int  # timed, in intervals of log_every_steps
+    log_every_steps: int
+
+
+@dataclass(frozen=True)
+class Mode:
+    name: str
+    day_rows: int                 # rows per synthetic Criteo day
+    scaling_days: tuple[int, ...]  # ingest / preprocessing window sizes
+    repeats: int                  # samples of every cheap measurement (floors, loader, training)
+    spark_repeats: int            # ingest passes and preprocessing runs per window (each is minutes of Spark)
+    loader_rows: int              # rows of the split-binary dataset read by the loader and training figures
+    train: TrainShape
+
+    @property
+    def pass_days(self) -> list[int]:
+        """Days one ingest pass ingests: the largest window of train days plus the test day after it."""
+        return list(range(max(self.scaling_days) + 1))
+
+
+QUICK = Mode("quick", 50_000, (1, 2, 4), repeats=3, spark_repeats=1, loader_rows=1_000_000,
+             train=TrainShape(4096, (64, 16), (64, 32, 1), warmup_steps=5, measured_steps=60, log_every_steps=5))
+FULL = Mode("full", 500_000, (1, 2, 4, 8), repeats=3, spark_repeats=3, loader_rows=4_000_000,
+            train=TrainShape(8192, (512, 256, 128), (1024, 1024, 512, 256, 1), warmup_steps=5, measured_steps=50,
+                             log_every_steps=5))
+MODES = {"quick": QUICK, "full": FULL}
+
+
+@dataclass(frozen=True)
+class Stat:
+    median: float
+    min: float
+    max: float
+    n: int
+
+    @classmethod
+    def of(cls, samples: Sequence[float]) -> Stat:
+        if not samples:
+            raise ValueError("no samples")
+        values = [float(s) for s in samples]
+        return cls(statistics.median(values), min(values), max(values), len(values))
+
+    def scaled(self, factor: float) -> Stat:
+        return Stat(self.median * factor, self.min * factor, self.max * factor, self.n)
+
+
+def paired_ratio(numerators: Sequence[float], denominators: Sequence[float]) -> Stat:
+    """Ratio sample by sample (both sides measured interleaved, pair i side by side)."""
+    if len(numerators) != len(denominators):
+        raise ValueError(f"paired ratio of {len(numerators)} and {len(denominators)} samples")
+    return Stat.of([a / b for a, b in zip(numerators, denominators)])
+
+
+def ratio_of(numerator: Stat, denominator: Stat) -> Stat:
+    """Ratio of medians; the range pairs the extremes (worst and best case of two independent spreads)."""
+    return Stat(numerator.median / denominator.median, numerator.min / denominator.max,
+                numerator.max / denominator.min, min(numerator.n, denominator.n))
+
+
+@dataclass
+class Figure:
+    """One row of the table: a measured value against its floor (or ceiling), and their ratio."""
+
+    section: str
+    name: str
+    unit: str
+    value: Stat
+    reference_name: str = ""
+    reference: Stat | None = None
+    ratio: Stat | None = None
+    ratio_method: str = ""  # "paired" | "medians"
+    target: str = ""        # e.g. ">= 0.8"
+    note: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def load_average() -> list[float]:
+    return [round(x, 2) for x in os.getloadavg()]
+
+
+def _meminfo_bytes() -> int:
+    try:
+        import psutil
+
+        return int(psutil.virtual_memory().total)
+    except ImportError:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def _git(*args: str) -> str:
+    try:
+        return subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return ""
+
+
+def machine_info() -> dict[str, Any]:
+    """Cores, RAM, CPU model, library versions and the code's commit (read-only git)."""
+    versions = {"python": platform.python_version()}
+    # Versions from package metadata: importing airflow just to ask would reconfigure this process's logging.
+    for name in ("numpy", "pyarrow", "torch", "pyspark", "apache-airflow", "great-expectations"):
+        try:
+            versions[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            versions[name] = "missing"
+    return {"cores": os.cpu_count(), "ram_bytes": _meminfo_bytes(), "cpu": _cpu_model(),
+            "platform": platform.platform(), "versions": versions,
+            "commit": _git("rev-parse", "--short", "HEAD"), "dirty": bool(_git("status", "--porcelain"))}
+
+
+def cpu_seconds() -> float:
+    """User + system CPU time of this process and its waited-for descendants so far."""
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
+class Stage:
+    """Logs a stage's start and end with its duration and the load average (the machine may be shared)."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.seconds = 0.0
+
+    def __enter__(self) -> Stage:
+        self._start = time.monotonic()
+        log.info("%s: start (load %s)", self.name, load_average())
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.seconds = time.monotonic() - self._start
+        log.info("%s: %s in %.1f s (load %s)", self.name, "failed" if exc[0] else "done", self.seconds,
+                 load_average())

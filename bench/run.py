@@ -1,0 +1,186 @@
+"""Run the benchmark: `.venv/bin/python -m bench.run [--quick|--full] [--only NAME ...]` from the repository root.
+
+Figures: ingest, preprocessing, loader, training, orchestration, scaling (see docs/PERFORMANCE.md for what each
+measures). quick (default): 50k-row days, windows of 1/2/4 days, 3 repeats of every cheap measurement and one
+ingest pass / one preprocessing run per window (each Spark run costs tens of seconds of fixed start-up on 2 cores);
+full: 500k-row days, windows of 1/2/4/8 days, 3 repeats of everything. Writes bench/results/<UTC timestamp>.json and
+regenerates docs/PERFORMANCE.md with its plots in docs/perf/. Intermediate data lives in bench/.cache/work/<stamp>/
+and is deleted at the end; child logs are kept in bench/.cache/logs/<stamp>/.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import shlex
+import shutil
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, is_dataclass, replace
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, TypeVar
+
+from bench import ingest, loader, orchestration, preprocessing, report, scaling, training
+from bench.common import (CACHE_DIR, MODES, REPO, RESULTS_DIR, Figure, Mode, Stage, cpu_seconds, load_average,
+                          log, machine_info)
+from bench.proc import RSS_METHOD
+from tasks.storage import write_text_atomic
+
+NAMES = ("ingest", "preprocessing", "loader", "training", "orchestration", "scaling")
+NEEDS_INGEST = {"ingest", "orchestration", "scaling", "preprocessing"}
+NEEDS_PREPROCESSING = {"preprocessing", "scaling"}
+T = TypeVar("T")
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    size = parser.add_mutually_exclusive_group()
+    size.add_argument("--quick", dest="mode", action="store_const", const="quick", help="the default")
+    size.add_argument("--full", dest="mode", action="store_const", const="full")
+    parser.add_argument("--only", action="append", default=[], metavar="NAME",
+                        help=f"run only these figures (repeatable or comma-separated): {', '.join(NAMES)}")
+    parser.add_argument("--repeats", type=int, help="override the mode's repeats of cheap measurements")
+    parser.add_argument("--spark-repeats", type=int, help="override the mode's ingest passes / runs per window")
+    parser.add_argument("--keep-work", action="store_true", help="keep bench/.cache/work/<stamp>/ (data roots)")
+    args = parser.parse_args(argv)
+    args.mode = args.mode or "quick"
+    only = [name.strip() for item in args.only for name in item.split(",") if name.strip()]
+    unknown = sorted(set(only) - set(NAMES))
+    if unknown:
+        parser.error(f"--only {', '.join(unknown)}: unknown; choose from {', '.join(NAMES)}")
+    args.only = [name for name in NAMES if name in only]
+    for flag in ("repeats", "spark_repeats"):
+        if getattr(args, flag) is not None and getattr(args, flag) < 1:
+            parser.error(f"--{flag.replace('_', '-')} must be >= 1")
+    return args
+
+
+def _jsonable(value: Any) -> Any:
+    if is_dataclass(value):
+        return asdict(value)
+    if isinstance(value, Path):
+        return str(value)
+    raise TypeError(f"not JSON serialisable: {type(value).__name__}")
+
+
+class Runner:
+    """Runs the stages the selected figures need, each once, recording duration and load around each."""
+
+    def __init__(self, mode: Mode, selected: list[str], work_dir: Path) -> None:
+        self.mode, self.selected, self.work_dir = mode, selected, work_dir
+        self.stages: dict[str, dict[str, Any]] = {}
+        self.max_load = load_average()[0]
+        self.figures: list[Figure] = []
+        self.raw: dict[str, Any] = {}
+        self.series: dict[str, Any] = {}
+
+    def stage(self, name: str, fn: Callable[[], T]) -> T:
+        load_start = load_average()
+        with Stage(name) as stage:
+            result = fn()
+        load_end = load_average()
+        self.max_load = max(self.max_load, load_start[0], load_end[0])
+        self.stages[name] = {"seconds": round(stage.seconds, 2), "load_start": load_start, "load_end": load_end}
+        return result
+
+    def wants(self, names: set[str]) -> bool:
+        return bool(names & set(self.selected))
+
+    def run(self) -> None:
+        mode, work = self.mode, self.work_dir
+        ingest_data = prep_data = None
+        if self.wants(NEEDS_INGEST):
+            ingest_data = self.stage("ingest passes", lambda: ingest.measure(mode, work))
+            self.raw["ingest"] = ingest_data.to_raw()
+        if self.wants(NEEDS_PREPROCESSING):
+            prep_data = self.stage("preprocessing runs", lambda: preprocessing.measure(mode, ingest_data, work))
+            self.raw["preprocessing"] = prep_data.to_raw()
+        if "loader" in self.selected:
+            self.raw["loader"] = self.stage("loader", lambda: loader.measure(mode))
+        if "training" in self.selected:
+            self.raw["training"] = self.stage("training", lambda: training.measure(mode, work))
+        if "ingest" in self.selected:
+            self.figures += ingest.figures(ingest_data)
+        if "preprocessing" in self.selected:
+            self.figures += preprocessing.figures(prep_data, ingest_data, mode)
+        if "loader" in self.selected:
+            self.figures += loader.figures(self.raw["loader"])
+        if "training" in self.selected:
+            self.figures += training.figures(self.raw["training"])
+        if "orchestration" in self.selected:
+            self.figures += orchestration.figures(ingest_data)
+        if "scaling" in self.selected:
+            self.series["scaling"] = scaling.series(mode, ingest_data, prep_data)
+            self.figures += scaling.figures(self.series["scaling"])
+
+
+def _plan(mode: Mode, selected: list[str]) -> str:
+    parts = []
+    if NEEDS_INGEST & set(selected):
+        parts.append(f"{mode.spark_repeats} ingest pass(es) of {len(mode.pass_days)} DAG runs "
+                     f"({mode.day_rows:,}-row days)")
+    if NEEDS_PREPROCESSING & set(selected):
+        parts.append(f"{mode.spark_repeats * len(mode.scaling_days)} preprocessing runs (windows "
+                     f"{list(mode.scaling_days)} train days)")
+    if "loader" in selected:
+        parts.append(f"{mode.repeats} loader repeats over {mode.loader_rows:,} rows")
+    if "training" in selected:
+        parts.append(f"{4 * mode.repeats} torchrun launches")
+    return "; ".join(parts)
+
+
+def _print_summary(figures: list[Figure]) -> None:
+    for f in figures:
+        ratio = f" -> ratio {f.ratio.median:.3g} ({f.ratio.min:.3g}-{f.ratio.max:.3g})" if f.ratio else ""
+        reference = f" vs {f.reference.median:,.4g} ({f.reference_name})" if f.reference else ""
+        print(f"[{f.section}] {f.name}: {f.value.median:,.4g} {f.unit} ({f.value.min:,.4g}-{f.value.max:,.4g}, "
+              f"n={f.value.n}){reference}{ratio}")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args_list = list(sys.argv[1:] if argv is None else argv)
+    args = parse_args(args_list)
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    log.setLevel(logging.INFO)
+    mode = MODES[args.mode]
+    mode = replace(mode, repeats=args.repeats or mode.repeats, spark_repeats=args.spark_repeats or mode.spark_repeats)
+    selected = args.only or list(NAMES)
+    started = datetime.now(timezone.utc)
+    stamp = started.strftime("%Y%m%dT%H%M%SZ")
+    load_start = load_average()
+    work_dir = CACHE_DIR / "work" / stamp
+    log.info("bench %s (%s): %s; load %s", mode.name, ", ".join(selected), _plan(mode, selected), load_start)
+    runner = Runner(mode, selected, work_dir)
+    clock = time.monotonic()
+    try:
+        runner.run()
+    finally:
+        logs = work_dir / "logs"
+        if logs.is_dir():
+            shutil.copytree(logs, CACHE_DIR / "logs" / stamp, dirs_exist_ok=True)
+            log.info("child logs kept in %s", CACHE_DIR / "logs" / stamp)
+        if not args.keep_work:
+            shutil.rmtree(work_dir, ignore_errors=True)
+    results_path = RESULTS_DIR / f"{stamp}.json"
+    load_end = load_average()
+    results = {
+        "command": ".venv/bin/python -m bench.run" + (" " + shlex.join(args_list) if args_list else ""),
+        "mode": mode.name, "only": args.only, "started_utc": started.isoformat(timespec="seconds"),
+        "seconds": round(time.monotonic() - clock, 1), "cpu_seconds": round(cpu_seconds(), 1), "results_path": str(results_path.relative_to(REPO)),
+        "machine": machine_info(), "settings": asdict(mode), "rss_method": RSS_METHOD,
+        "load": {"start": load_start, "end": load_end, "max_1min": max(runner.max_load, load_end[0])},
+        "stages": runner.stages, "figures": [f.to_dict() for f in runner.figures], "series": runner.series,
+        "raw": runner.raw,
+    }
+    write_text_atomic(results_path, json.dumps(results, indent=1, default=_jsonable))
+    page = report.write_docs(json.loads(results_path.read_text()))
+    _print_summary(runner.figures)
+    log.info("results %s; page %s; %.1f min", results_path, page, results["seconds"] / 60)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,139 @@
+"""The benchmark harness's own logic: statistics and ratios, window arithmetic, timing wrappers, the process-tree
+memory sampler, the loader and parse floors on tiny inputs, and the rendered page. No Spark, Airflow or torchrun:
+those paths run in `python -m bench.run`."""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from bench import report, scaling
+from bench.common import QUICK, Figure, Stat, paired_ratio, ratio_of
+from bench.floors import parse_seconds, read_seconds
+from bench.ingest import DayRecord, IngestData, IngestPass
+from bench.proc import ChildFailed, ChildRun, rss_by_name, run_child
+from bench.run import parse_args
+from bench.worker import _timed
+from tests.conftest import CRITEO_SAMPLE
+
+
+def test_stat_is_median_with_spread():
+    stat = Stat.of([3.0, 1.0, 2.0, 10.0])
+    assert (stat.median, stat.min, stat.max, stat.n) == (2.5, 1.0, 10.0, 4)
+    with pytest.raises(ValueError):
+        Stat.of([])
+
+
+def test_paired_ratio_pairs_samples_and_ratio_of_takes_the_widest_range():
+    assert paired_ratio([2.0, 6.0, 3.0], [1.0, 2.0, 3.0]) == Stat(2.0, 1.0, 3.0, 3)
+    with pytest.raises(ValueError):
+        paired_ratio([1.0], [1.0, 2.0])
+    wide = ratio_of(Stat(10.0, 8.0, 12.0, 3), Stat(5.0, 4.0, 6.0, 5))
+    assert wide == Stat(2.0, 8.0 / 6.0, 12.0 / 4.0, 3)
+
+
+def test_quick_pass_covers_the_largest_window_plus_a_test_day():
+    assert QUICK.pass_days == [0, 1, 2, 3, 4]
+    assert QUICK.repeats == 3
+
+
+def _day(day: int, start: float, seconds: float) -> DayRecord:
+    return DayRecord(day=day, rows=100, start=start, end=start + seconds, wall=seconds + 1,
+                     durations={"download": 0.1, "validate_raw": seconds / 2, "day_stats": seconds / 2},
+                     functions={"validate_day": seconds / 4, "day_stats": seconds / 4, "download_day": 0.05,
+                                "validate_raw_file": seconds / 5})
+
+
+def test_ingest_windows_are_disjoint_runs_of_consecutive_days_with_their_peak_memory():
+    days = [_day(i, 10.0 * i, 8.0) for i in range(5)]
+    child = ChildRun(seconds=50.0, samples=[(5.0, 100), (15.0, 300), (25.0, 200), (35.0, 250), (45.0, 120)])
+    data = IngestData(passes=[IngestPass(Path("."), child, days)])
+    seconds, peaks = scaling.ingest_windows(data, 2)
+    assert seconds == [8.0, 8.0]           # windows (0, 1) and (2, 3); day 4 is left over
+    assert peaks == [300.0, 250.0]
+    seconds4, peaks4 = scaling.ingest_windows(data, 4)
+    assert seconds4 == [16.0] and peaks4 == [300.0]
+    assert child.rss_before(10.0) == 100
+
+
+def test_scaling_figures_compare_with_linear_time_and_flat_memory():
+    data = IngestData(passes=[IngestPass(Path("."), ChildRun(1.0, [(t, 500) for t in range(100)]),
+                                         [_day(i, 10.0 * i, 8.0) for i in range(5)])])
+    mode = replace(QUICK, scaling_days=(1, 2, 4))
+    series = scaling.series(mode, data, None)
+    rows = scaling.figures(series)
+    times = [f for f in rows if f.unit == "s"]
+    assert [round(f.ratio.median, 6) for f in times] == [1.0, 1.0, 1.0]  # perfectly linear
+    assert all(round(f.ratio.median, 6) == 1.0 for f in rows if f.unit == "MB")
+    assert series["ingest"]["fit"]["seconds_per_day"] == pytest.approx(4.0)
+
+
+def test_timing_wrapper_records_the_call_and_keeps_the_result_and_errors():
+    calls: list[dict] = []
+    wrapped = _timed(lambda x: {"total": x, "path": "p", "nested": {}}, "f", calls)
+    assert wrapped(3) == {"total": 3, "path": "p", "nested": {}}
+    assert calls[0]["name"] == "f" and calls[0]["end"] >= calls[0]["start"]
+    assert calls[0]["result"] == {"total": 3, "path": "p"}
+
+    def boom():
+        raise KeyError("x")
+
+    with pytest.raises(KeyError):
+        _timed(boom, "boom", calls)()
+    assert calls[-1]["name"] == "boom"
+
+
+def test_run_child_samples_the_tree_memory_and_reports_failures(tmp_path):
+    code = "import subprocess, sys; subprocess.run([sys.executable, '-c', 'import time; x = bytearray(80 << 20); time.sleep(0.6)'])"
+    run = run_child([sys.executable, "-c", code], tmp_path / "child.log")
+    assert run.peak_rss() > 80 << 20     # the grandchild's 80 MB are counted
+    assert run.samples and run.seconds > 0.5
+    with pytest.raises(ChildFailed, match="exited 3"):
+        run_child([sys.executable, "-c", "print('last words'); raise SystemExit(3)"], tmp_path / "bad.log")
+
+
+def test_a_vforked_child_sharing_its_parents_memory_is_not_counted_twice():
+    processes = {10: (1, 500, 900, "python"), 11: (10, 2000, 5000, "java"),
+                 12: (11, 2000, 5000, "Executor task l"),  # between vfork and exec: the JVM's own pages
+                 13: (11, 2000, 4000, "python"), 14: (13, 0, 0, "bash")}
+    assert rss_by_name(processes) == {"python": 2500, "java": 2000, "bash": 0}
+
+
+def test_floors_read_the_real_sample_and_every_binary_file(tmp_path):
+    rows, seconds = parse_seconds(CRITEO_SAMPLE, threads=False)
+    assert rows == 100 and seconds > 0
+    (tmp_path / "label.bin").write_bytes(b"\x01" * 10)
+    (tmp_path / "cat_0.bin").write_bytes(b"\x00" * 30)
+    (tmp_path / "notes.txt").write_text("not data")
+    assert read_seconds(tmp_path)[0] == 40
+
+
+def test_only_accepts_known_names_in_either_form():
+    args = parse_args(["--full", "--only", "training,loader", "--only", "ingest"])
+    assert args.mode == "full" and args.only == ["ingest", "loader", "training"]
+    assert parse_args([]).mode == "quick"
+    with pytest.raises(SystemExit):
+        parse_args(["--only", "nonsense"])
+
+
+def test_page_names_the_command_machine_load_and_every_figure(tmp_path):
+    figure = Figure("3 loader", "reader", "MB/s", Stat(80.0, 70.0, 90.0, 3), "np.fromfile", Stat(100.0, 95.0, 105.0, 3),
+                    Stat(0.8, 0.7, 0.9, 3), "paired", ">= 0.8")
+    results = json.loads(json.dumps({
+        "command": ".venv/bin/python -m bench.run --quick", "mode": "quick", "only": [],
+        "started_utc": "2026-01-01T00:00:00+00:00", "seconds": 120.0, "results_path": "bench/results/x.json",
+        "machine": {"cores": 2, "cpu": "cpu", "ram_bytes": 2**34, "platform": "linux", "versions": {"torch": "2"},
+                    "commit": "abc", "dirty": False},
+        "load": {"start": [3.0, 2.0, 1.0], "end": [1.0, 1.0, 1.0], "max_1min": 3.0}, "rss_method": "psutil",
+        "stages": {"loader": {"seconds": 1.0, "load_start": [3.0], "load_end": [1.0]}},
+        "figures": [figure.to_dict()], "series": {}}))
+    page = report.render(results, [tmp_path / "ratios.png"])
+    assert ".venv/bin/python -m bench.run --quick" in page
+    assert "2 cores" in page and "16.0 GiB" in page and "[3.0, 2.0, 1.0]" in page
+    assert "machine was busy" in page
+    assert "| 3 loader | reader | 80.0 (70.0–90.0, n=3) MB/s |" in page and "**0.80**" in page
+    assert report.plot_ratios(results["figures"], tmp_path / "ratios.png").stat().st_size > 1000
