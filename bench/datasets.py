@@ -23,21 +23,11 @@ LOADER_TEST_ROWS = 16_384
 
 def criteo_days(rows: int, days: list[int]) -> Path:
     """Directory holding day_0..day_N of `rows` rows each (written only if missing or different)."""
-    from tasks.synthetic_criteo import CriteoDayGenerator, write_criteo_day
+    from tasks.synthetic_criteo import ensure_days
 
     directory = CACHE_DIR / "criteo" / str(rows)
-    generator = None
-    for day in days:
-        path = directory / f"day_{day}"
-        stamp = path.with_name(path.name + ".synthetic.json")
-        wanted = {"day": day, "rows": rows, "seed": SEED}
-        if path.is_file() and stamp.is_file() and json.loads(stamp.read_text()) == wanted:
-            continue
-        generator = generator or CriteoDayGenerator(SEED)
-        log.info("generating synthetic Criteo day %d (%d rows) into %s", day, rows, directory)
-        write_criteo_day(path, day, rows, generator=generator)
-        stamp.write_text(json.dumps(wanted))
-    return directory
+    log.info("synthetic Criteo days %s (%d rows) in %s", days, rows, directory)
+    return ensure_days(directory, days, rows, SEED)
 
 
 def split_binary_dataset(rows: int) -> Path:

@@ -21,7 +21,7 @@ sys.path.insert(0, str(REPO))
 
 from tasks import layout  # noqa: E402
 from tasks.config import load_settings  # noqa: E402
-from tasks.synthetic_criteo import CriteoDayGenerator, write_criteo_day  # noqa: E402
+from tasks.synthetic_criteo import ensure_days  # noqa: E402
 
 sys.path.insert(0, str(REPO / "scripts"))
 from run_dag import run_dag  # noqa: E402
@@ -38,20 +38,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def ensure_source_days(source_dir: Path, days: int, rows: int, seed: int) -> None:
-    """Write the synthetic day files unless identical ones (same rows and seed) are already there."""
-    generator = None
-    for day in range(days):
-        path = source_dir / f"day_{day}"
-        stamp = path.with_name(path.name + ".synthetic.json")
-        wanted = {"day": day, "rows": rows, "seed": seed}
-        if path.exists() and stamp.exists() and json.loads(stamp.read_text()) == wanted:
-            continue
-        generator = generator or CriteoDayGenerator(seed)
-        write_criteo_day(path, day, rows, generator=generator)
-        stamp.write_text(json.dumps(wanted))
-
-
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
@@ -61,7 +47,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"using configured source {settings.criteo_source}")
     else:
         print(f"writing {args.days} synthetic Criteo days of {args.rows} rows to {source_dir}")
-        ensure_source_days(source_dir, args.days, args.rows, args.seed)
+        ensure_days(source_dir, range(args.days), args.rows, args.seed)
 
     epoch = datetime(settings.criteo_epoch.year, settings.criteo_epoch.month, settings.criteo_epoch.day,
                      tzinfo=timezone.utc)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import gzip
+import json
 import logging
 import time
 from collections.abc import Iterator, Sequence
@@ -137,6 +138,21 @@ def write_criteo_day(path: Path, day: int, rows: int, seed: int = 1234, compress
             sink.close()
     log.info("wrote synthetic Criteo day %d: %d rows to %s in %.1f s", day, rows, path, time.monotonic() - start)
     return path
+
+
+def ensure_days(directory: Path, days: Sequence[int], rows: int, seed: int = 1234) -> Path:
+    """Write day_N files into `directory` unless identical ones (same day, rows, seed) are already there."""
+    generator = None
+    for day in days:
+        path = directory / f"day_{day}"
+        stamp = path.with_name(path.name + ".synthetic.json")
+        wanted = {"day": day, "rows": rows, "seed": seed}
+        if path.is_file() and stamp.is_file() and json.loads(stamp.read_text()) == wanted:
+            continue
+        generator = generator or CriteoDayGenerator(seed)
+        write_criteo_day(path, day, rows, generator=generator)
+        stamp.write_text(json.dumps(wanted))
+    return directory
 
 
 def parse_day_range(text: str) -> list[int]:
