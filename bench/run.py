@@ -15,6 +15,7 @@ import json
 import logging
 import shlex
 import shutil
+import signal
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -140,9 +141,16 @@ def _print_summary(figures: list[Figure]) -> None:
               f"n={f.value.n}){reference}{ratio}")
 
 
+def _stop_on_sigterm(signum: int, frame: object) -> None:
+    # Python's default SIGTERM ends the process at once; as an exception, the `finally` blocks stop the measured
+    # children (bench.proc) and keep their logs.
+    raise SystemExit(128 + signum)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args_list = list(sys.argv[1:] if argv is None else argv)
     args = parse_args(args_list)
+    signal.signal(signal.SIGTERM, _stop_on_sigterm)
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     log.setLevel(logging.INFO)
     mode = MODES[args.mode]
