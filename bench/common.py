@@ -14,6 +14,7 @@ import platform
 import resource
 import statistics
 import subprocess
+import threading
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
@@ -171,18 +172,48 @@ def cpu_seconds() -> float:
 
 
 class Stage:
-    """Logs a stage's start and end with its duration and the load average (the machine may be shared)."""
+    """Logs a stage's start and end with its duration, CPU time and the load average (the machine may be shared)."""
 
     def __init__(self, name: str) -> None:
         self.name = name
-        self.seconds = 0.0
+        self.seconds = self.cpu_seconds = 0.0
 
     def __enter__(self) -> Stage:
-        self._start = time.monotonic()
+        self._start, self._cpu = time.monotonic(), cpu_seconds()
         log.info("%s: start (load %s)", self.name, load_average())
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.seconds = time.monotonic() - self._start
-        log.info("%s: %s in %.1f s (load %s)", self.name, "failed" if exc[0] else "done", self.seconds,
-                 load_average())
+        self.cpu_seconds = cpu_seconds() - self._cpu
+        log.info("%s: %s in %.1f s, %.1f CPU s (load %s)", self.name, "failed" if exc[0] else "done", self.seconds,
+                 self.cpu_seconds, load_average())
+
+
+class LoadMonitor:
+    """Samples the 1-minute load average every few seconds for the whole run (the page says how busy it was)."""
+
+    def __init__(self, interval_s: float = 5.0) -> None:
+        self.interval_s = interval_s
+        self.samples: list[float] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="load-monitor", daemon=True)
+
+    def _run(self) -> None:
+        while True:
+            self.samples.append(os.getloadavg()[0])
+            if self._stop.wait(self.interval_s):
+                return
+
+    def __enter__(self) -> LoadMonitor:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def summary(self) -> dict[str, float]:
+        samples = self.samples or [os.getloadavg()[0]]
+        return {"max_1min": round(max(samples), 2), "mean_1min": round(statistics.fmean(samples), 2),
+                "min_1min": round(min(samples), 2)}

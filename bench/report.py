@@ -86,8 +86,9 @@ def _machine(results: dict[str, Any]) -> list[str]:
     cores = machine["cores"] or 1
     lines = [f"- machine: {cores} cores ({machine['cpu']}), {machine['ram_bytes'] / 2**30:.1f} GiB RAM, "
              f"{machine['platform']}",
-             f"- load average at start (1, 5, 15 min): {load['start']}; at end: {load['end']}; highest 1-min load "
-             f"seen between stages: {load['max_1min']}",
+             f"- load average at start (1, 5, 15 min): {load['start']}; at end: {load['end']}; " + (
+                 f"1-min load during the run: mean {load['mean_1min']}, max {load['max_1min']} (sampled every 5 s)"
+                 if "mean_1min" in load else f"highest 1-min load seen at stage boundaries: {load['max_1min']}"),
              f"- versions: {', '.join(f'{k} {v}' for k, v in machine['versions'].items())}; code at "
              f"{machine['commit']}{' with uncommitted changes' if machine['dirty'] else ''}",
              f"- run: {results['mode']} mode, {results['started_utc']} UTC, {results['seconds'] / 60:.1f} min wall, "
@@ -127,9 +128,12 @@ def render(results: dict[str, Any], plots: list[Path]) -> str:
         lines.append(f"- ingest pass {index + 1}: the runner process's own RSS after each day (MB): "
                      f"{', '.join(f'{rss / 1e6:,.0f}' for rss in after)}")
     lines += ["", "## Plots", ""] + [f"![{p.stem}](perf/{p.name})" for p in plots]
-    lines += ["", "## Stage durations", "", "| stage | seconds | load at start | load at end |", "|---|---|---|---|"]
+    with_cpu = all("cpu_seconds" in info for info in results["stages"].values())
+    lines += ["", "## Stage durations", "", "| stage | wall s | " + ("CPU s (this process + children) | " * with_cpu)
+              + "load at start | load at end |", "|---|---|" + "---|" * with_cpu + "---|---|"]
     for stage, info in results["stages"].items():
-        lines.append(f"| {stage} | {info['seconds']:.1f} | {info['load_start']} | {info['load_end']} |")
+        cpu = f"{info['cpu_seconds']:.1f} | " if with_cpu else ""
+        lines.append(f"| {stage} | {info['seconds']:.1f} | {cpu}{info['load_start']} | {info['load_end']} |")
     return "\n".join(lines) + "\n"
 
 

@@ -25,8 +25,8 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from bench import ingest, loader, orchestration, preprocessing, report, scaling, training
-from bench.common import (CACHE_DIR, MODES, REPO, RESULTS_DIR, Figure, Mode, Stage, cpu_seconds, load_average,
-                          log, machine_info)
+from bench.common import (CACHE_DIR, MODES, REPO, RESULTS_DIR, Figure, LoadMonitor, Mode, Stage, cpu_seconds,
+                          load_average, log, machine_info)
 from bench.proc import RSS_METHOD
 from tasks.storage import write_text_atomic
 
@@ -68,12 +68,11 @@ def _jsonable(value: Any) -> Any:
 
 
 class Runner:
-    """Runs the stages the selected figures need, each once, recording duration and load around each."""
+    """Runs the stages the selected figures need, each once, recording duration, CPU time and load around each."""
 
     def __init__(self, mode: Mode, selected: list[str], work_dir: Path) -> None:
         self.mode, self.selected, self.work_dir = mode, selected, work_dir
         self.stages: dict[str, dict[str, Any]] = {}
-        self.max_load = load_average()[0]
         self.figures: list[Figure] = []
         self.raw: dict[str, Any] = {}
         self.series: dict[str, Any] = {}
@@ -82,9 +81,8 @@ class Runner:
         load_start = load_average()
         with Stage(name) as stage:
             result = fn()
-        load_end = load_average()
-        self.max_load = max(self.max_load, load_start[0], load_end[0])
-        self.stages[name] = {"seconds": round(stage.seconds, 2), "load_start": load_start, "load_end": load_end}
+        self.stages[name] = {"seconds": round(stage.seconds, 2), "cpu_seconds": round(stage.cpu_seconds, 2),
+                             "load_start": load_start, "load_end": load_average()}
         return result
 
     def wants(self, names: set[str]) -> bool:
@@ -163,8 +161,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     log.info("bench %s (%s): %s; load %s", mode.name, ", ".join(selected), _plan(mode, selected), load_start)
     runner = Runner(mode, selected, work_dir)
     clock = time.monotonic()
+    monitor = LoadMonitor()
     try:
-        runner.run()
+        with monitor:
+            runner.run()
     finally:
         logs = work_dir / "logs"
         if logs.is_dir():
@@ -177,9 +177,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     results = {
         "command": ".venv/bin/python -m bench.run" + (" " + shlex.join(args_list) if args_list else ""),
         "mode": mode.name, "only": args.only, "started_utc": started.isoformat(timespec="seconds"),
-        "seconds": round(time.monotonic() - clock, 1), "cpu_seconds": round(cpu_seconds(), 1), "results_path": str(results_path.relative_to(REPO)),
+        "seconds": round(time.monotonic() - clock, 1), "cpu_seconds": round(cpu_seconds(), 1),
+        "results_path": str(results_path.relative_to(REPO)),
         "machine": machine_info(), "settings": asdict(mode), "rss_method": RSS_METHOD,
-        "load": {"start": load_start, "end": load_end, "max_1min": max(runner.max_load, load_end[0])},
+        "load": {"start": load_start, "end": load_end, **monitor.summary()},
         "stages": runner.stages, "figures": [f.to_dict() for f in runner.figures], "series": runner.series,
         "raw": runner.raw,
     }

@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from bench import report, scaling
-from bench.common import QUICK, Figure, Stat, paired_ratio, ratio_of
+from bench.common import QUICK, Figure, LoadMonitor, Stat, paired_ratio, ratio_of
 from bench.floors import parse_seconds, read_seconds
 from bench.ingest import DayRecord, IngestData, IngestPass
 from bench.proc import ChildFailed, ChildRun, rss_by_name, run_child
@@ -34,6 +35,14 @@ def test_paired_ratio_pairs_samples_and_ratio_of_takes_the_widest_range():
         paired_ratio([1.0], [1.0, 2.0])
     wide = ratio_of(Stat(10.0, 8.0, 12.0, 3), Stat(5.0, 4.0, 6.0, 5))
     assert wide == Stat(2.0, 8.0 / 6.0, 12.0 / 4.0, 3)
+
+
+def test_load_monitor_samples_the_load_for_the_whole_block():
+    with LoadMonitor(interval_s=0.01) as monitor:
+        time.sleep(0.1)
+    summary = monitor.summary()
+    assert len(monitor.samples) >= 2
+    assert summary["min_1min"] <= summary["mean_1min"] <= summary["max_1min"]
 
 
 def test_quick_pass_covers_the_largest_window_plus_a_test_day():
@@ -88,7 +97,8 @@ def test_timing_wrapper_records_the_call_and_keeps_the_result_and_errors():
 
 
 def test_run_child_samples_the_tree_memory_and_reports_failures(tmp_path):
-    code = "import subprocess, sys; subprocess.run([sys.executable, '-c', 'import time; x = bytearray(80 << 20); time.sleep(0.6)'])"
+    grandchild = "import time; x = bytearray(80 << 20); time.sleep(0.6)"
+    code = f"import subprocess, sys; subprocess.run([sys.executable, '-c', {grandchild!r}])"
     run = run_child([sys.executable, "-c", code], tmp_path / "child.log")
     assert run.peak_rss() > 80 << 20     # the grandchild's 80 MB are counted
     assert run.samples and run.seconds > 0.5
