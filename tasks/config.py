@@ -7,12 +7,14 @@ Environment variables (all optional; with none set, everything runs on this mach
   RECFLOW_BAD_ROW_BUDGET   fraction of malformed rows tolerated per day (default 0.001)
   RECFLOW_SPARK_PROFILE    local | cluster | gpu (default local)
   RECFLOW_PUBLISH_URI      where published models go: a directory or s3://bucket/prefix (default: <data root>/published)
+  RECFLOW_FILE_SOURCE_ROOTS  directories a file:// source (a DAG's source_url param) may read from, separated by
+                           ':' (default: the data root, and the folder of RECFLOW_CRITEO_SOURCE when it is file://)
 """
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from datetime import date
 from pathlib import Path
 
@@ -27,6 +29,7 @@ class Settings:
     bad_row_budget: float = 0.001
     spark_profile: str = "local"
     publish_uri: str = ""  # empty: <data root>/published
+    file_source_roots: tuple[Path, ...] = ()  # empty: see allowed_file_roots
     # Rows per block when streaming a day through validation: bounds memory, independent of day size.
     validation_block_bytes: int = 64 << 20
 
@@ -35,6 +38,19 @@ class Settings:
         if self.criteo_source:
             return self.criteo_source
         return (self.data_root / "criteo" / "source").as_uri() + "/day_{day}"
+
+    @property
+    def allowed_file_roots(self) -> tuple[Path, ...]:
+        """Where file:// sources may point: a trigger form must not read any file the worker can see."""
+        if self.file_source_roots:
+            return self.file_source_roots
+        roots = [self.data_root]
+        template = self.criteo_source_template
+        if template.startswith("file://"):
+            from urllib.parse import unquote, urlsplit
+
+            roots.append(Path(unquote(urlsplit(template).path)).parent)
+        return tuple(root.resolve() for root in roots)
 
     @property
     def publish_store(self) -> str:
@@ -58,6 +74,9 @@ def load_settings(env: dict[str, str] | None = None) -> Settings:
         overrides["spark_profile"] = env["RECFLOW_SPARK_PROFILE"]
     if env.get("RECFLOW_PUBLISH_URI"):
         overrides["publish_uri"] = env["RECFLOW_PUBLISH_URI"]
+    if env.get("RECFLOW_FILE_SOURCE_ROOTS"):
+        overrides["file_source_roots"] = tuple(Path(p).expanduser().resolve()
+                                               for p in env["RECFLOW_FILE_SOURCE_ROOTS"].split(":") if p)
     return replace(settings, **overrides)
 
 

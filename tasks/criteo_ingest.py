@@ -29,12 +29,29 @@ def source_url(settings: Settings, day: int) -> str:
     return settings.criteo_source_template.format(day=day)
 
 
+def check_file_source(settings: Settings, url: str) -> None:
+    """A file:// (or bare path) source must lie under one of the allowed roots, symlinks resolved."""
+    from urllib.parse import unquote, urlsplit
+
+    from tasks.download import DownloadError
+
+    parts = urlsplit(url)
+    if parts.scheme.lower() not in ("", "file"):
+        return
+    path = Path(unquote(parts.path) if parts.scheme else url).resolve()
+    roots = settings.allowed_file_roots
+    if not any(path.is_relative_to(root) for root in roots):
+        raise DownloadError(f"file source {path} is outside the allowed roots {[str(r) for r in roots]} "
+                            f"(set RECFLOW_FILE_SOURCE_ROOTS to allow more)")
+
+
 def download_day(settings: Settings, day: int, *, expected_sha256: str | None = None,
                  aws_conn_id: str | None = None, source: str | None = None) -> dict[str, Any]:
     """Fetch day_N from its source (file, http(s), s3) into the raw area; cached when a verified copy exists."""
     from tasks.download import download, s3_client_from_connection
 
     url = source or source_url(settings, day)
+    check_file_source(settings, url)
     s3_client = s3_client_from_connection(aws_conn_id) if url.startswith("s3://") else None
     result = download(url, layout.criteo_raw_day(settings.data_root, day), expected_sha256=expected_sha256,
                       s3_client=s3_client)

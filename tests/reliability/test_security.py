@@ -422,3 +422,35 @@ def test_scanner_finds_planted_compose_defaults(snippet):
 ])
 def test_scanner_finds_planted_unrequired_compose_secrets(snippet, found):
     assert bool(compose_unrequired_secret_values(snippet)) is found
+
+
+# --- file:// sources stay inside the allowed roots ----------------------------------------------------------------
+
+
+def test_file_source_outside_the_allowed_roots_is_refused(tmp_path):
+    from tasks.config import load_settings
+    from tasks.criteo_ingest import download_day
+    from tasks.download import DownloadError
+    from tests.reliability.contract import nothing_complete, one_line
+
+    data, outside = tmp_path / "data", tmp_path / "elsewhere"
+    outside.mkdir()
+    secret = outside / "day_0"
+    secret.write_bytes(b"0\t1\n")
+    (data / "criteo" / "source").mkdir(parents=True)
+    (data / "criteo" / "source" / "link").symlink_to(secret)  # a link out of an allowed root is followed first
+    settings = load_settings({"RECFLOW_DATA_ROOT": str(data)})
+    for url in (secret.as_uri(), str(secret), "file:///etc/passwd", (data / "criteo/source/link").as_uri(),
+                (data / "criteo/source/../../../elsewhere/day_0").as_uri()):
+        with pytest.raises(DownloadError) as caught:
+            download_day(settings, 0, source=url)
+        one_line(caught.value, "outside the allowed roots", "RECFLOW_FILE_SOURCE_ROOTS")
+    nothing_complete(data)
+    assert not any((data / "criteo").glob("raw/**/day_0*"))
+    # Allowed explicitly (or under the configured source's folder), the same file downloads.
+    allowed = load_settings({"RECFLOW_DATA_ROOT": str(data), "RECFLOW_FILE_SOURCE_ROOTS": f"/nonexistent:{outside}"})
+    assert download_day(allowed, 0, source=secret.as_uri())["bytes"] == 4
+    templated = load_settings({"RECFLOW_DATA_ROOT": str(tmp_path / "d2"),
+                               "RECFLOW_CRITEO_SOURCE": outside.as_uri() + "/day_{day}"})
+    assert templated.allowed_file_roots == (tmp_path.resolve() / "d2", outside.resolve())
+    assert download_day(templated, 0)["bytes"] == 4
