@@ -8,11 +8,14 @@ the size + sha256 of every file it holds. A retry that finds a valid manifest fo
 from __future__ import annotations
 
 import contextlib
+import glob
 import hashlib
 import json
 import logging
 import os
 import shutil
+import socket
+import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
@@ -108,8 +111,55 @@ def completed_manifest(directory: Path, inputs: dict[str, Any]) -> dict[str, Any
     return manifest
 
 
+_HOST = socket.gethostname().replace("~", "_") or "localhost"
+STALE_FOREIGN_TEMPORARY_S = 24 * 3600  # another host's writer cannot be checked: its leftovers expire after a day
+
+
 def _temporary_sibling(final: Path) -> Path:
-    return final.parent / f".tmp-{final.name}-{uuid.uuid4().hex[:8]}"
+    """`.tmp-<name>~<host>~<pid>~<random>`: the writer's host and pid let a later writer tell a leftover of a killed
+    writer (pid gone) from a live one's work in progress."""
+    return final.parent / f".tmp-{final.name}~{_HOST}~{os.getpid()}~{uuid.uuid4().hex[:8]}"
+
+
+def _writer_gone(path: Path, now: float) -> bool:
+    parts = path.name.rsplit("~", 3)
+    if len(parts) != 4 or not parts[2].isdigit() or parts[1] != _HOST:
+        try:  # another host's (or an unrecognised) temporary: stale once old enough
+            return now - path.lstat().st_mtime > STALE_FOREIGN_TEMPORARY_S
+        except FileNotFoundError:
+            return False
+    pid = int(parts[2])
+    if pid == os.getpid():
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    return False  # alive (or its pid reused: then kept, the safe side)
+
+
+def remove_stale_temporaries(directory: Path, name: str | None = None) -> int:
+    """Delete `.tmp-*` leftovers of killed writers in `directory` (only those of output `name`, if given): their
+    writer's pid is gone on this host, or, for another host's, they are older than a day. A live writer's
+    temporary is never touched. Returns how many were removed."""
+    if not directory.is_dir():
+        return 0
+    now, removed = time.time(), []
+    pattern = f".tmp-{glob.escape(name)}~*" if name is not None else ".tmp-*"
+    for path in directory.glob(pattern):
+        if not _writer_gone(path, now):
+            continue
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.unlink(missing_ok=True)
+        removed.append(path.name)
+    if removed:
+        log.info("removed %d leftover temporaries of killed writers in %s: %s", len(removed), directory,
+                 ", ".join(sorted(removed)))
+    return len(removed)
 
 
 @contextlib.contextmanager
@@ -120,6 +170,7 @@ def atomic_directory(final: Path) -> Iterator[Path]:
     directory is first renamed aside (its manifest goes with it), then the new one renamed into place.
     """
     final.parent.mkdir(parents=True, exist_ok=True)
+    remove_stale_temporaries(final.parent, final.name)  # a killed earlier attempt's half-written copy
     tmp = _temporary_sibling(final)
     tmp.mkdir()
     try:
@@ -145,6 +196,7 @@ def replace_directory(src: Path, final: Path) -> None:
 def atomic_file(final: Path, mode: str = "wb") -> Iterator[Any]:
     """Open a temporary sibling for writing; fsync and rename it over `final` when the block succeeds."""
     final.parent.mkdir(parents=True, exist_ok=True)
+    remove_stale_temporaries(final.parent, final.name)
     tmp = _temporary_sibling(final)
     try:
         with open(tmp, mode) as f:
@@ -161,17 +213,3 @@ def atomic_file(final: Path, mode: str = "wb") -> Iterator[Any]:
 def write_text_atomic(final: Path, text: str) -> None:
     with atomic_file(final, "w") as f:
         f.write(text)
-
-
-def remove_stale_temporaries(directory: Path) -> int:
-    """Delete `.tmp-*` leftovers of killed writers in a directory; returns how many were removed."""
-    removed = 0
-    if not directory.is_dir():
-        return 0
-    for path in directory.glob(".tmp-*"):
-        if path.is_dir():
-            shutil.rmtree(path, ignore_errors=True)
-        else:
-            path.unlink(missing_ok=True)
-        removed += 1
-    return removed

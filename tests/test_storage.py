@@ -3,12 +3,18 @@
 from __future__ import annotations
 
 import json
+import os
+import socket
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
 
 from tasks.storage import (
     MANIFEST_NAME,
+    STALE_FOREIGN_TEMPORARY_S,
     Manifest,
     atomic_directory,
     atomic_file,
@@ -208,18 +214,50 @@ def test_completed_manifest_tampered_manifest_is_none(tmp_path: Path) -> None:
     assert completed_manifest(tmp_path, inputs) is None
 
 
-def test_remove_stale_temporaries(tmp_path: Path) -> None:
-    (tmp_path / ".tmp-out-12345678").mkdir()
-    (tmp_path / ".tmp-out-12345678" / "part.bin").write_bytes(b"x")
-    (tmp_path / ".tmp-file.txt-abcdef01").write_text("partial")
-    (tmp_path / "keep.txt").write_text("keep")
-    (tmp_path / "keep_dir").mkdir()
-    (tmp_path / "keep_dir" / ".tmp-nested").write_text("not at top level")
+def _dead_pid() -> int:
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    return proc.pid  # reaped: no process has it (until the kernel reuses it, far later)
 
-    assert remove_stale_temporaries(tmp_path) == 2
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["keep.txt", "keep_dir"]
-    assert (tmp_path / "keep_dir" / ".tmp-nested").exists()
-    assert remove_stale_temporaries(tmp_path) == 0
+
+def test_remove_stale_temporaries_only_takes_dead_writers_leftovers(tmp_path: Path) -> None:
+    host, dead = socket.gethostname().replace("~", "_"), _dead_pid()
+    live = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        (tmp_path / f".tmp-out~{host}~{dead}~12345678").mkdir()       # killed writer: removed
+        (tmp_path / f".tmp-out~{host}~{dead}~12345678" / "part.bin").write_bytes(b"x")
+        (tmp_path / f".tmp-file.txt~{host}~{dead}~abcdef01").write_text("partial")
+        (tmp_path / f".tmp-out~{host}~{live.pid}~0badf00d").mkdir()   # a live writer's work: kept
+        (tmp_path / f".tmp-out~{host}~{os.getpid()}~0badf00e").mkdir()  # our own: kept
+        (tmp_path / f".tmp-out~other-host~{dead}~0badf00f").mkdir()  # another host's, fresh: kept
+        old_foreign = tmp_path / ".tmp-out~other-host~1~00000001"
+        old_foreign.mkdir()
+        os.utime(old_foreign, (time.time() - 2 * STALE_FOREIGN_TEMPORARY_S,) * 2)  # a day old: removed
+        (tmp_path / "keep.txt").write_text("keep")
+        (tmp_path / "keep_dir").mkdir()
+        (tmp_path / "keep_dir" / f".tmp-nested~{host}~{dead}~1").write_text("not at top level")
+
+        assert remove_stale_temporaries(tmp_path, "file.txt") == 1  # only that output's leftovers
+        assert remove_stale_temporaries(tmp_path) == 2
+        assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+            [f".tmp-out~{host}~{live.pid}~0badf00d", f".tmp-out~{host}~{os.getpid()}~0badf00e",
+             f".tmp-out~other-host~{dead}~0badf00f", "keep.txt", "keep_dir"])
+        assert (tmp_path / "keep_dir" / f".tmp-nested~{host}~{dead}~1").exists()
+        assert remove_stale_temporaries(tmp_path) == 0
+    finally:
+        live.kill()
+        live.wait()
+
+
+def test_a_new_attempt_reclaims_the_killed_attempts_temporary(tmp_path: Path) -> None:
+    # What a SIGKILLed writer leaves (its own `with` never finished), then the retry's atomic_directory.
+    host, dead = socket.gethostname().replace("~", "_"), _dead_pid()
+    leftover = tmp_path / f".tmp-day=3~{host}~{dead}~deadbeef"
+    leftover.mkdir()
+    (leftover / "part-0.parquet").write_bytes(b"x" * 1000)
+    with atomic_directory(tmp_path / "day=3") as out:
+        (out / "data.bin").write_bytes(b"y")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["day=3"]
 
 
 def test_remove_stale_temporaries_missing_directory(tmp_path: Path) -> None:
