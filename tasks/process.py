@@ -2,7 +2,10 @@
 
 Airflow shows a task's log as it is written, so each line of the child is logged when it arrives, not at the end.
 The child runs in its own process group; if the task is stopped (SIGTERM, timeout, exception), the whole group is
-killed so no Spark driver or trainer outlives its task.
+killed so no Spark driver or trainer outlives its task. So is it when the process that started this one dies: a
+task whose Airflow supervisor was killed (a SIGKILLed LocalExecutor scheduler takes its supervisors with it) is an
+orphan whose result nobody collects, and the scheduler runs the task again; its child must not run on beside the
+retry (two Spark jobs writing one output, and twice the CPU the pool allows).
 """
 
 from __future__ import annotations
@@ -52,6 +55,32 @@ def _group_killed_on_sigterm(pgid: int, label: str) -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
+@contextlib.contextmanager
+def _group_killed_when_orphaned(pgid: int, label: str, poll_s: float = 1.0) -> Iterator[None]:
+    """While the child runs, a watcher thread stops the child's group if this process's parent dies (the parent
+    pid changes when the parent is gone: the orphan is re-parented to init or a subreaper)."""
+    parent = os.getppid()
+    done = threading.Event()
+
+    def watch() -> None:
+        while not done.wait(poll_s):
+            if os.getppid() != parent:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(pgid, signal.SIGTERM)
+                log.warning("[%s] parent process %d died: stopped child process group %d", label, parent, pgid)
+                if not done.wait(20):
+                    with contextlib.suppress(ProcessLookupError):
+                        os.killpg(pgid, signal.SIGKILL)
+                return
+
+    watcher = threading.Thread(target=watch, name=f"orphan-watch-{label}", daemon=True)
+    watcher.start()
+    try:
+        yield
+    finally:
+        done.set()
+
+
 @dataclass(frozen=True)
 class ProcessResult:
     returncode: int
@@ -79,7 +108,7 @@ def run_streaming(argv: Sequence[str], env: Mapping[str, str] | None = None, cwd
         start_new_session=True,
     )
     try:
-        with _group_killed_on_sigterm(proc.pid, label):
+        with _group_killed_on_sigterm(proc.pid, label), _group_killed_when_orphaned(proc.pid, label):
             assert proc.stdout is not None
             for line in proc.stdout:
                 line = line.rstrip("\n")
