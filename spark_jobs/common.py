@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import signal
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -31,13 +32,22 @@ def spark_session(app_name: str):
     return spark
 
 
+def _exit_on_sigterm(signum, frame) -> None:
+    raise SystemExit(128 + signum)
+
+
 def run_job(main: Callable[[Sequence[str]], T], argv: Sequence[str]) -> T:
     """Run a job's main; on failure print one marked line the task log (and tasks.process) can pick up."""
     start = time.monotonic()
+    # A stopped job (its task's SIGTERM to the process group) unwinds instead of vanishing, so atomic_directory
+    # removes its half-written temporary output; Python's default SIGTERM action runs no cleanup.
+    previous = signal.signal(signal.SIGTERM, _exit_on_sigterm)
     try:
         result = main(argv)
     except Exception as exc:  # noqa: BLE001 - reported as one line, then re-raised for the exit code
         print(f"{ERROR_MARKER} {type(exc).__name__}: {exc}", flush=True)
         raise
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     log.info("done in %.1f s", time.monotonic() - start)
     return result

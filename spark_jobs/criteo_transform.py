@@ -1,13 +1,22 @@
 """Apply a dictionary to a window of Criteo days and write NVIDIA's split-binary dataset (train/test/validation).
 
   spark-submit spark_jobs/criteo_transform.py --train-days stats/day=0/columnar ... --test-day stats/day=23/columnar \
-      --dictionary DICT_DIR --output DIR --seed 0 [--broadcast-max-values 1000000] [--skew-cutoff-pct 1.0]
+      --dictionary DICT_DIR --output DIR --seed 0 [--broadcast-max-values 1000000] [--skew-cutoff-pct 1.0] \
+      [--dictionary-lookup arrow|join]
 
 Semantics (NVIDIA's spark_data_utils.py transform + run_spark_*.sh):
   * categoricals: each value's dictionary id; missing, rare (below threshold) and unseen values become 0;
   * numericals: log(x + 3), natural log; Spark's log of a value <= 0 is null, and nulls (missing) become 0;
   * train: every row of the train days, shuffled; test: the first floor(n/2) rows of the test day in file order,
     validation: the rest (NVIDIA's `head -n lines/2` / `tail`).
+Dictionary lookup. Columns with more than --broadcast-max-values kept values use NVIDIA's skew-safe join. The others
+are looked up either by one broadcast join per column (`join`, NVIDIA's plan, what the RAPIDS Accelerator runs on
+the GPU) or (`arrow`, the CPU default) in one `mapInArrow` pass: the kept values of those columns are broadcast
+once as Arrow arrays in id order and each Python worker maps a batch's 26 columns with pyarrow's `index_in` (or a
+cached pandas hash index for big columns). Same ids, same bytes. On 2 cores the single pass ran the train stage
+~2x faster than 26 chained joins in a side-by-side prototype and keeps the plan small (26 joins x 3 mappings took
+seconds to plan); the whole job gained 10-15% at 150k rows, where Spark's fixed start-up cost dominates.
+
 The shuffle is a total order on xxhash64(seed, day, row_order) rather than NVIDIA's rand(): equally uniform, and
 the same seed gives the same bytes on every run, whatever the cluster's partitioning. The global sort costs one
 sampling pass over the transformed train rows (Spark's range partitioner); NVIDIA's repartition + sortWithinPartitions
@@ -27,6 +36,7 @@ import json
 import shutil
 import sys
 import time
+import uuid
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -45,6 +55,12 @@ BATCH_ROWS = 1 << 18
 PROGRESS_SECONDS = 30.0
 # monotonically_increasing_id (criteo_day_stats' row_order) keeps the partition index above bit 33
 PARTITION_SHIFT = 33
+LOOKUPS = ("arrow", "join")
+# Arrow lookups: rows per Arrow batch handed to the Python worker (Spark's default 10,000 would rebuild every
+# column's hash set per 10,000 rows), and the size from which a column's values get a cached pandas index instead
+# of pyarrow's index_in, which hashes its value set on every call.
+LOOKUP_BATCH_ROWS = 100_000
+CACHED_INDEX_MIN_VALUES = 1 << 16
 
 
 @dataclass(frozen=True)
@@ -115,12 +131,80 @@ def skewed_join(df, model, name: str, cutoff: int):
     return df.withColumn(name, F.coalesce(F.col("_cold_id"), F.col("_hot_id"))).drop("_spread", "_cold_id", "_hot_id")
 
 
+def broadcast_values(dictionary, columns: Sequence[int]) -> dict[int, object]:
+    """{column: pyarrow string array of its kept values in id order (id = position + 1)} for these columns."""
+    import numpy as np
+    import pyarrow.compute as pc
+    from pyspark.sql import functions as F
+
+    table = (dictionary.where(F.col("column").isin(list(columns))).select("column", "value", "id")
+             .orderBy("column", "id").toArrow())
+    values: dict[int, object] = {}
+    column_ids = table.column("column").to_numpy()
+    for index in columns:
+        rows = np.flatnonzero(column_ids == index)
+        part = table.take(rows)
+        ids = part.column("id").to_numpy()
+        if not np.array_equal(ids, np.arange(1, len(ids) + 1)):
+            raise ValueError(f"dictionary {CAT_COLUMNS[index]}: ids are not 1..{len(ids)}; rebuild the dictionary")
+        values[index] = pc.cast(part.column("value"), "string").combine_chunks()
+    return values
+
+
+_INDEX_CACHE: dict[tuple[str, int], object] = {}  # (broadcast token, column) -> pandas Index, per Python worker
+
+
+def _lookup_ids(column, values, key: tuple[str, int]):
+    """int32 ids of a string column against `values` (id = position + 1); 0 for null and unseen values."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    if len(values) >= CACHED_INDEX_MIN_VALUES:
+        index = _INDEX_CACHE.get(key)
+        if index is None:
+            import pandas as pd
+
+            index = _INDEX_CACHE[key] = pd.Index(values.to_numpy(zero_copy_only=False))
+        positions = index.get_indexer(column.to_numpy(zero_copy_only=False))  # -1: unseen or null
+        return pa.array((positions + 1).astype(np.int32))
+    positions = pc.index_in(column, value_set=values)  # null: unseen or null
+    return pc.fill_null(pc.add(positions, 1), 0).cast(pa.int32())
+
+
+def arrow_lookup(df, broadcast, names: Sequence[str]):
+    """The columns `names` replaced by their ids in one mapInArrow pass (see the module docstring)."""
+    import pyarrow as pa
+    from pyspark.sql.types import IntegerType, StructField, StructType
+
+    # Imported, not this file's own function: spark-submit runs this file as __main__, whose functions are pickled by
+    # value; the module's function is pickled by reference, so a reused Python worker keeps _INDEX_CACHE.
+    from spark_jobs.criteo_transform import _lookup_ids as lookup_ids
+
+    positions = {name: CAT_COLUMNS.index(name) for name in names}
+    schema = StructType([StructField(f.name, IntegerType()) if f.name in positions else f for f in df.schema.fields])
+
+    def lookup(batches):
+        token, values = broadcast.value
+        for batch in batches:
+            columns = [lookup_ids(batch.column(i), values[positions[name]], (token, positions[name]))
+                       if name in positions else batch.column(i) for i, name in enumerate(batch.schema.names)]
+            yield pa.RecordBatch.from_arrays(columns, names=batch.schema.names)
+
+    return df.mapInArrow(lookup, schema)
+
+
 def apply_dictionary(df, dictionary, stats: dict[int, tuple[int, int]], broadcast_max_values: int,
-                     skew_cutoff_pct: float):
-    """Every categorical replaced by its id, 0 for missing/rare/unseen; returns (df, {cat_i: join used})."""
+                     skew_cutoff_pct: float, lookup: str = "join", broadcast=None):
+    """Every categorical replaced by its id, 0 for missing/rare/unseen; returns (df, {cat_i: join used}).
+
+    lookup "arrow" maps the broadcast-sized columns with `broadcast` (a Spark broadcast of (token,
+    broadcast_values)) in one mapInArrow pass; "join" joins them one by one.
+    """
     from pyspark.sql import functions as F
 
     joins: dict[str, str] = {}
+    arrow_names: list[str] = []
     for index, name in enumerate(CAT_COLUMNS):
         values, occurrences = stats.get(index, (0, 0))
         model = dictionary.where(F.col("column") == index)
@@ -128,12 +212,17 @@ def apply_dictionary(df, dictionary, stats: dict[int, tuple[int, int]], broadcas
             df = df.withColumn(name, F.lit(None).cast("int"))
             joins[name] = "empty"
         elif values <= broadcast_max_values:
-            df = broadcast_join(df, model, name)
+            if lookup == "arrow":
+                arrow_names.append(name)
+            else:
+                df = broadcast_join(df, model, name)
             joins[name] = "broadcast"
         else:
             # NVIDIA: cutoff = int(sum(model_count) * skew_broadcast_pct / 100), so at most 100/pct hot values.
             df = skewed_join(df, model, name, int(occurrences * skew_cutoff_pct / 100.0))
             joins[name] = "skew"
+    if arrow_names:
+        df = arrow_lookup(df, broadcast, arrow_names)
     return df.fillna(0, list(CAT_COLUMNS)), joins
 
 
@@ -240,6 +329,9 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
                         help="columns with more dictionary values use the skew-safe join")
     parser.add_argument("--skew-cutoff-pct", type=float, default=1.0,
                         help="NVIDIA's --skew_broadcast_pct: values above this share of occurrences are broadcast")
+    parser.add_argument("--dictionary-lookup", choices=LOOKUPS, default="arrow",
+                        help="broadcast-sized columns: one mapInArrow pass (arrow, CPU) or a join per column (join, "
+                             "NVIDIA's plan; the GPU profile's)")
     parser.add_argument("--inputs-json", default="{}", help="what identifies this work, recorded in the manifest")
     return parser.parse_args(argv)
 
@@ -248,8 +340,17 @@ def build_frames(spark, args: argparse.Namespace, stats: dict[int, tuple[int, in
     """(train, test, validation) DataFrames, each in its output order, plus the split row_order and joins used."""
     from pyspark.sql import functions as F
 
+    broadcast = None
+    if args.dictionary_lookup == "arrow":
+        columns = [i for i in range(len(CAT_COLUMNS)) if 0 < stats.get(i, (0, 0))[0] <= args.broadcast_max_values]
+        if columns:
+            # (token, values): the token keys the workers' cached indexes to this broadcast
+            broadcast = spark.sparkContext.broadcast((uuid.uuid4().hex, broadcast_values(dictionary, columns)))
+        spark.conf.set("spark.sql.execution.arrow.maxRecordsPerBatch", str(LOOKUP_BATCH_ROWS))
+
     def transform(df):
-        df, joins = apply_dictionary(df, dictionary, stats, args.broadcast_max_values, args.skew_cutoff_pct)
+        df, joins = apply_dictionary(df, dictionary, stats, args.broadcast_max_values, args.skew_cutoff_pct,
+                                     args.dictionary_lookup, broadcast)
         return log_numericals(df), joins
 
     train, joins = transform(read_days(spark, args.train_days))

@@ -132,8 +132,9 @@ def transform_dataset(settings: Settings, out_dir: Path, dictionary_dir: Path, t
                       spark_conf: Mapping[str, str] | None = None) -> dict[str, Any]:
     """Split-binary train/test/validation + feature_spec.yaml (criteo_transform.py, by spark-submit).
 
-    broadcast_max_values and skew_cutoff_pct choose join strategies only; they do not change the output, so they
-    are not part of the cache key.
+    broadcast_max_values and skew_cutoff_pct choose join strategies only (as does the profile: the GPU profile joins
+    per column, CPU profiles look up in one Arrow pass); they do not change the output, so they are not part of the
+    cache key.
     """
     days = _check_days(train_days, test_day)
     dictionary_dir = Path(dictionary_dir)
@@ -155,11 +156,15 @@ def transform_dataset(settings: Settings, out_dir: Path, dictionary_dir: Path, t
         def columnar(day: int) -> str:
             return str(layout.criteo_stats_day(settings.data_root, day) / "columnar")
 
+        profile = spark_profile or settings.spark_profile
+        # The RAPIDS Accelerator runs NVIDIA's join per column on the GPU; CPU profiles look up in one Arrow pass.
+        lookup = "join" if profile == "gpu" else "arrow"
         args = ["--train-days", *map(columnar, days), "--test-day", columnar(test_day),
                 "--dictionary", str(dictionary_dir), "--seed", str(seed),
-                "--broadcast-max-values", str(broadcast_max_values), "--skew-cutoff-pct", str(skew_cutoff_pct)]
+                "--broadcast-max-values", str(broadcast_max_values), "--skew-cutoff-pct", str(skew_cutoff_pct),
+                "--dictionary-lookup", lookup]
         manifest = _submit("criteo_transform.py", args, out_dir, inputs, f"spark transform days={days}+{test_day}",
-                           spark_master, spark_profile or settings.spark_profile, spark_conf)
+                           spark_master, profile, spark_conf)
     else:
         log.info("dataset for these inputs already written (%s): nothing to do", out_dir)
     return {"path": str(out_dir), "rows": manifest["rows"], "cardinalities": manifest["extra"]["cardinalities"],

@@ -11,6 +11,8 @@ import contextlib
 import json
 import logging
 import math
+import os
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -26,6 +28,8 @@ from tasks.criteo_schema import CAT_COLUMNS, INT_COLUMNS, LABEL
 from tasks.feature_spec import FeatureSpec
 from tasks.split_binary import read_batch
 from tasks.storage import Manifest, read_manifest, write_manifest
+
+REPO = Path(__file__).resolve().parents[1]
 
 pytestmark = pytest.mark.spark
 
@@ -148,6 +152,11 @@ def run_dictionary(argv: list[str]) -> criteo_dictionary.DictionaryResult:
 def spark():
     from pyspark.sql import SparkSession
 
+    # Python workers (the transform's mapInArrow lookup) run this interpreter and import spark_jobs, as the
+    # workers of a spark-submit run do (tasks.spark_submit sets PYSPARK_PYTHON and PYTHONPATH the same way).
+    saved = {name: os.environ.get(name) for name in ("PYSPARK_PYTHON", "PYTHONPATH")}
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), saved["PYTHONPATH"]]))
     session = (SparkSession.builder.master("local[2]").appName("recflow-tests")
                .config("spark.ui.enabled", "false").config("spark.sql.shuffle.partitions", "2")
                # only explicit broadcast hints broadcast, so the skew-safe path really shuffles its cold part
@@ -155,6 +164,18 @@ def spark():
                .config("spark.sql.session.timeZone", "UTC").getOrCreate())
     yield session
     session.stop()
+    # stop() keeps the py4j gateway for a later session; left open, its finalizer logs into pytest's closed streams
+    # at interpreter exit ("--- Logging error --- ... I/O operation on closed file" after the summary).
+    from pyspark import SparkContext
+
+    if SparkContext._gateway is not None:
+        SparkContext._gateway.shutdown()
+        SparkContext._gateway = SparkContext._jvm = None
+    for name, value in saved.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
 
 
 @pytest.fixture(scope="module")
@@ -189,7 +210,8 @@ def run_transform(window: Path, dictionary: Path, out: Path, *extra: str) -> cri
 
 @pytest.fixture(scope="module")
 def dataset(spark, window, dictionary) -> Path:
-    """Broadcast joins for every column (the default --broadcast-max-values)."""
+    """Every column broadcast (the default --broadcast-max-values), looked up in one mapInArrow pass (the default
+    --dictionary-lookup arrow)."""
     out = window / "runs" / "dataset_broadcast"
     result = run_transform(window, dictionary, out)
     assert result.joins["cat_0"] == "broadcast" and result.joins["cat_2"] == "empty"
@@ -291,6 +313,47 @@ def test_skew_safe_join_gives_the_same_dataset_as_broadcast(spark, window, dicti
     assert result.joins["cat_0"] == "skew" and result.joins["cat_1"] == "skew"
     for mapping in ("train", "test", "validation"):
         assert mapping_bytes(tmp_path / "skew", mapping) == mapping_bytes(dataset, mapping), mapping
+
+
+def test_join_per_column_gives_the_same_dataset_as_the_arrow_lookup(spark, window, dictionary, dataset, tmp_path):
+    # NVIDIA's plan (and the GPU profile's): one broadcast join per column
+    result = run_transform(window, dictionary, tmp_path / "join", "--dictionary-lookup", "join")
+    assert result.joins["cat_0"] == "broadcast"
+    for mapping in ("train", "test", "validation"):
+        assert mapping_bytes(tmp_path / "join", mapping) == mapping_bytes(dataset, mapping), mapping
+
+
+def test_arrow_lookup_ids_with_and_without_the_cached_index(monkeypatch):
+    values = pa.array(["a", "b", "c"])  # ids 1, 2, 3
+    column = pa.array(["c", None, "a", "zz", "b", "a"])
+    expected = [3, 0, 1, 0, 2, 1]  # null and unseen -> 0
+    small = criteo_transform._lookup_ids(column, values, ("t", 0))
+    assert small.type == pa.int32() and small.to_pylist() == expected
+    monkeypatch.setattr(criteo_transform, "CACHED_INDEX_MIN_VALUES", 1)
+    monkeypatch.setattr(criteo_transform, "_INDEX_CACHE", {})
+    cached = criteo_transform._lookup_ids(column, values, ("t", 0))
+    assert cached.type == pa.int32() and cached.to_pylist() == expected
+    assert list(criteo_transform._INDEX_CACHE) == [("t", 0)]
+    again = criteo_transform._lookup_ids(pa.array(["b"]), values, ("t", 0))  # the cached index is reused
+    assert again.to_pylist() == [2] and len(criteo_transform._INDEX_CACHE) == 1
+
+
+def test_gpu_profile_keeps_nvidias_join_per_column(monkeypatch, tmp_path):
+    seen = {}
+
+    def fake_submit(job, args, out_dir, inputs, label, master, profile, conf):
+        seen[profile] = args[args.index("--dictionary-lookup") + 1]
+        raise RuntimeError("stop before spark-submit")
+
+    monkeypatch.setattr(criteo_preprocess, "_submit", fake_submit)
+    monkeypatch.setattr(criteo_preprocess, "read_manifest", lambda path: {"kind": "criteo_dictionary",
+                                                                          "inputs_fingerprint": "f"})
+    monkeypatch.setattr(criteo_preprocess, "_stats_fingerprints", lambda settings, days: {str(d): "s" for d in days})
+    for profile in ("local", "cluster", "gpu"):
+        with pytest.raises(RuntimeError, match="stop before"):
+            criteo_preprocess.transform_dataset(Settings(data_root=tmp_path), tmp_path / profile, tmp_path / "dict",
+                                                [0], 1, spark_profile=profile)
+    assert seen == {"local": "arrow", "cluster": "arrow", "gpu": "join"}
 
 
 def test_validate_dataset_names_the_bad_file(dataset, tmp_path):
