@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-from models.dlrm.data import PrefetchingReader, SplitBinaryDataset, shard_batch_indices
+from models.dlrm.data import (PrefetchingReader, SplitBinaryDataset, categorical_columns, consecutive_runs,
+                              decode_batch, decodes_on_device, shard_batch_indices, to_device)
 from models.dlrm.synthetic import make_synthetic_dataset
 from tasks.feature_spec import FeatureSpec
 
@@ -42,11 +43,74 @@ def test_batches_equal_numpy_reads_of_the_files(spec: FeatureSpec) -> None:
         for i in range(len(dataset)):
             num_b, cat_b, label_b = dataset[i]
             rows = slice(i * BATCH, (i + 1) * BATCH)
-            assert num_b.dtype == torch.float32 and cat_b.dtype == torch.int64 and label_b.dtype == torch.float32
+            assert num_b.dtype == torch.float32 and cat_b.dtype == torch.int32 and label_b.dtype == torch.float32
             np.testing.assert_array_equal(num_b.numpy(), numerical[rows])
             np.testing.assert_array_equal(cat_b.numpy(), categorical[rows])
             np.testing.assert_array_equal(label_b.numpy(), label[rows])
         assert 0 < label.mean() < 1 and categorical[:, 2].max() > 127  # int16 ids above int8's range survive
+
+
+def test_raw_batches_keep_the_file_dtypes_and_decode_to_the_host_batch(spec: FeatureSpec) -> None:
+    numerical, categorical, label = _numpy_reads(spec, "train")
+    names = spec.get_categorical_feature_names()
+    with SplitBinaryDataset(spec, "train", BATCH) as dataset:
+        for i in (0, 7, len(dataset) - 1):  # first, middle, the short last batch
+            raw = dataset.raw(i)
+            num_r, cats_r, label_r = raw
+            assert num_r.dtype == torch.float16 and label_r.dtype == torch.bool
+            columns = categorical_columns(raw)
+            assert [str(c.dtype).removeprefix("torch.") for c in columns] == [spec.feature_spec[n]["dtype"]
+                                                                            for n in names]
+            assert len(cats_r) == len({c.dtype for c in columns})  # one [k, b] array per file dtype
+            rows = slice(i * BATCH, (i + 1) * BATCH)
+            np.testing.assert_array_equal(np.stack([c.numpy() for c in columns], axis=1), categorical[rows])
+            decoded = decode_batch(raw, torch.device("cpu"))
+            host = dataset[i]
+            for a, b in zip(decoded, host):
+                assert a.dtype == b.dtype and torch.equal(a, b)
+            assert torch.equal(to_device(raw, torch.device("cpu"))[1], host[1])
+            np.testing.assert_array_equal(host[0].numpy(), numerical[rows])
+            np.testing.assert_array_equal(host[2].numpy(), label[rows])
+            # the categorical batch is a column-major view: each embedding lookup reads a contiguous column
+            assert host[1][:, 2].is_contiguous() and not host[1].is_contiguous()
+    assert decodes_on_device(torch.device("cuda")) and not decodes_on_device(torch.device("cpu"))
+
+
+def test_prefetch_in_raw_mode_yields_raw_batches(spec: FeatureSpec) -> None:
+    with SplitBinaryDataset(spec, "train", BATCH) as dataset:
+        batches = list(PrefetchingReader(dataset, [3, 0], depth=2, raw=True))
+        assert [len(categorical_columns(b)) for b in batches] == [len(CARDS)] * 2
+        assert batches[0][0].dtype == torch.float16
+        assert torch.equal(decode_batch(batches[1], torch.device("cpu"))[1], dataset[0][1])
+
+
+def test_spans_read_once_and_hand_out_the_same_batches(spec: FeatureSpec, monkeypatch) -> None:
+    import models.dlrm.data as data
+
+    with SplitBinaryDataset(spec, "train", BATCH) as dataset:
+        singles = [dataset[i] for i in range(len(dataset))]
+        raw_singles = [decode_batch(dataset.raw(i), torch.device("cpu")) for i in range(len(dataset))]
+        span = dataset.span(12, 4)  # the last span holds the short batch
+        raw_span = [decode_batch(b, torch.device("cpu")) for b in dataset.raw_span(12, 4)]
+        for got in (span, raw_span):
+            assert len(got) == 4 and len(got[-1][2]) == ROWS - 15 * BATCH
+            for a, b in zip(got, singles[12:]):
+                assert all(torch.equal(x, y) for x, y in zip(a, b))
+                assert a[1][:, 1].is_contiguous()  # span views stay column-major
+        assert all(torch.equal(x, y) for a, b in zip(raw_singles, singles) for x, y in zip(a, b))
+        with pytest.raises(IndexError, match="batches 14..16 out of range"):
+            dataset.span(14, 3)
+        # A span is about SPAN_BYTES; the reader cuts runs of consecutive indices to that length.
+        monkeypatch.setattr(data, "SPAN_BYTES", 3 * BATCH * dataset.bytes_per_row)
+        assert dataset.span_batches == 3
+        reads = []
+        monkeypatch.setattr(dataset, "span", lambda first, count: reads.append((first, count)) or
+                            [singles[i] for i in range(first, first + count)])
+        order = [0, 1, 2, 3, 4, 9, 10, 7, 15]
+        got = list(PrefetchingReader(dataset, order, depth=2))
+        assert reads == [(0, 3), (3, 2), (9, 2), (7, 1), (15, 1)]
+        assert all(torch.equal(g[2], singles[i][2]) for g, i in zip(got, order))
+    assert list(consecutive_runs([5, 6, 7, 8, 2, 3, 3], 3)) == [(5, 3), (8, 1), (2, 2), (3, 1)]
 
 
 def test_short_last_batch_kept_or_dropped(spec: FeatureSpec) -> None:

@@ -109,12 +109,21 @@ def test_cpu_amp_uses_bf16_matmuls_and_trains(dataset: Path, tmp_path: Path) -> 
     assert result.steps == 40 and 0 < result.final_metrics["logloss"] < 1
 
 
+def _torchrun_failure(proc: subprocess.CompletedProcess) -> str:
+    """What a failed torchrun printed, led by every rank's error lines: a rank that aborts (C++ terminate) writes
+    its reason early in stderr, before the other ranks' tracebacks that a plain tail would keep."""
+    errors = [line for line in proc.stderr.splitlines()
+              if re.search(r"terminate called|what\(\)|Error|rank\d\]:|enforce fail|Signal \d+", line)]
+    return "\n".join(["stdout (tail):", proc.stdout[-1500:], "error lines of stderr:", *errors[:60],
+                      "stderr (tail):", proc.stderr[-2500:]])
+
+
 def test_two_process_torchrun_keeps_ranks_identical(dataset: Path, tmp_path: Path) -> None:
     argv = launch_command(2, "models.dlrm.train", _args(dataset, tmp_path, "--batch_size", "256",
                                                         "--limit_train_batches", "30"),
                           master_port=free_port(), python=sys.executable)
     proc = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert proc.returncode == 0, _torchrun_failure(proc)
     checksums = dict(re.findall(r"\[rank (\d)\] final weights sha256 (\w+) at step 30", proc.stdout))
     assert set(checksums) == {"0", "1"} and checksums["0"] == checksums["1"], proc.stdout
     rank1 = [l for l in proc.stdout.splitlines() if l.startswith("[rank 1]")]
@@ -246,6 +255,42 @@ def test_two_process_nccl_run(dataset: Path, tmp_path: Path) -> None:
                                                        "--limit_train_batches", "30")]
     proc = subprocess.run(launch_command(2, "models.dlrm.train", args, master_port=free_port()), cwd=REPO,
                           capture_output=True, text=True, timeout=300, env={**os.environ})
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.returncode == 0, _torchrun_failure(proc)
     checksums = set(re.findall(r"final weights sha256 (\w+)", proc.stdout))
     assert len(checksums) == 1 and "(nccl)" in proc.stdout
+
+
+def _sparse_average_rank(rank: int, store_path: str, out_dir: str) -> None:
+    import torch.distributed as dist
+
+    from models.common.distributed import DistContext, average_sparse_gradients, data_parallel
+
+    dist.init_process_group("gloo", init_method=f"file://{store_path}", rank=rank, world_size=2)
+    try:
+        tables = [torch.nn.Embedding(10, 3, sparse=True) for _ in range(3)]
+        torch.nn.init.constant_(tables[0].weight, float(rank))  # ranks start apart: data_parallel syncs them
+        dense = torch.nn.Linear(3, 1)  # DDP needs at least one parameter of its own
+        data_parallel(torch.nn.ModuleList([*tables, dense]), DistContext(rank, rank, 2, torch.device("cpu"), "gloo"),
+                      ["0.weight", "1.weight", "2.weight"])
+        assert torch.equal(tables[0].weight, torch.zeros(10, 3))
+        # rank 0 looks up rows 1, 1, 4 in table 0 and nothing in table 2; rank 1 rows 4, 9 in table 0, 2 in both
+        lookups = {0: [[1, 1, 4], [0, 3], None], 1: [[4, 9], [7], [2, 2]]}[rank]
+        loss = sum((table(torch.tensor(rows)) * (rank + 1)).sum()
+                   for table, rows in zip(tables, lookups) if rows is not None)
+        loss.backward()
+        average_sparse_gradients([t.weight for t in tables], 2)
+        torch.save([t.weight.grad.to_dense() for t in tables], f"{out_dir}/rank{rank}.pt")
+    finally:
+        dist.destroy_process_group()
+
+
+def test_sparse_gradients_are_averaged_identically_on_every_rank(tmp_path: Path) -> None:
+    torch.multiprocessing.spawn(_sparse_average_rank, args=(str(tmp_path / "store"), str(tmp_path)), nprocs=2)
+    rank0, rank1 = (torch.load(tmp_path / f"rank{r}.pt", weights_only=True) for r in (0, 1))
+    expected = [torch.zeros(10, 3) for _ in range(3)]
+    for rank, lookups in ((0, [[1, 1, 4], [0, 3], None]), (1, [[4, 9], [7], [2, 2]])):
+        for table, rows in enumerate(lookups):
+            for row in rows or []:
+                expected[table][row] += (rank + 1) / 2  # d(sum * (rank+1))/d row, averaged over 2 ranks
+    for got0, got1, want in zip(rank0, rank1, expected):
+        assert torch.equal(got0, got1) and torch.allclose(got0, want)

@@ -117,11 +117,11 @@ def safe_load(path: Path, kind: str, map_location: str | torch.device = "cpu") -
         raise CheckpointError(f"{path}: no such checkpoint file") from None
     except Exception as exc:  # torch raises UnpicklingError, RuntimeError, EOFError... for foreign files
         raise CheckpointError(
-            f"{path}: not a recflow {kind} file (safe loader refused it: {type(exc).__name__}: {_refusal_reason(exc)})"
+            f"{path}: not a {kind} file (safe loader refused it: {type(exc).__name__}: {_refusal_reason(exc)})"
         ) from None
     if not isinstance(payload, dict) or payload.get("kind") != kind:
         found = payload.get("kind") if isinstance(payload, dict) else type(payload).__name__
-        raise CheckpointError(f"{path}: not a recflow {kind} file (kind is {found!r})")
+        raise CheckpointError(f"{path}: not a {kind} file (kind is {found!r})")
     if payload.get("version") != FORMAT_VERSION:
         raise CheckpointError(f"{path}: {kind} format version {payload.get('version')!r}, expected {FORMAT_VERSION}")
     return payload

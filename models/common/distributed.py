@@ -10,13 +10,13 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
 import torch
 import torch.distributed as dist
-
 
 
 @dataclass(frozen=True)
@@ -45,6 +45,67 @@ def select_device(preference: str, local_rank: int = 0) -> torch.device:
     if preference == "cpu" or not torch.cuda.is_available():
         return torch.device("cpu")
     return torch.device("cuda", local_rank % torch.cuda.device_count())
+
+
+def data_parallel(module: torch.nn.Module, ctx: DistContext, sparse_names: Sequence[str] = ()) -> torch.nn.Module:
+    """DistributedDataParallel over `module`, except the parameters named in `sparse_names` (sparse gradients),
+    which DDP ignores and `average_sparse_gradients` averages after backward.
+
+    Why not DDP's own sparse all-reduce: with sparse embedding gradients on gloo, DDP's asynchronous sparse
+    all-reduce corrupted the heap now and then on torch 2.13 CPU ("malloc(): unaligned tcache chunk detected",
+    rank 0 SIGABRT; about 1 in 10-30 two-process runs here, in the trainer and in a minimal DDP loop alike). The
+    synchronous path below uses only dense collectives.
+    """
+    from torch.nn.parallel import DistributedDataParallel
+
+    if sparse_names:
+        DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(module, list(sparse_names))
+        # DDP starts every rank from rank 0's weights, but not for parameters it ignores: broadcast those here.
+        named = dict(module.named_parameters())
+        with torch.no_grad():
+            for name in sparse_names:
+                dist.broadcast(named[name].data, src=0)
+    return DistributedDataParallel(module, device_ids=[ctx.device] if ctx.device.type == "cuda" else None)
+
+
+def average_sparse_gradients(params: Sequence[torch.nn.Parameter], world_size: int) -> None:
+    """Replace each parameter's sparse gradient by the mean over all ranks, identical on every rank.
+
+    Three dense collectives for all parameters together: the row counts, then every rank's row indices and gradient
+    rows (each parameter's part padded to the largest count), gathered; each rank then sums the same rows in the
+    same rank order. Parameters must be 2-D with one row width (embedding tables of one dim). A parameter without a
+    gradient on a rank (no lookup this step) counts as zero rows.
+    """
+    if world_size == 1 or not params:
+        return
+    grads = [p.grad.coalesce() if p.grad is not None else None for p in params]
+    device, width = params[0].device, params[0].shape[1]
+    dtype = next((g.dtype for g in grads if g is not None), params[0].dtype)
+    counts = torch.tensor([g._nnz() if g is not None else 0 for g in grads], dtype=torch.int64, device=device)
+    all_counts = [torch.empty_like(counts) for _ in range(world_size)]
+    dist.all_gather(all_counts, counts)
+    widest = torch.stack(all_counts).amax(dim=0).tolist()  # rows per parameter, padded
+    total = sum(widest)
+    indices = torch.zeros(total, dtype=torch.int64, device=device)
+    values = torch.zeros((total, width), dtype=dtype, device=device)
+    offset = 0
+    for g, rows in zip(grads, widest):
+        if g is not None and g._nnz():
+            indices[offset:offset + g._nnz()] = g.indices()[0]
+            values[offset:offset + g._nnz()] = g.values()
+        offset += rows
+    all_indices = [torch.empty_like(indices) for _ in range(world_size)]
+    all_values = [torch.empty_like(values) for _ in range(world_size)]
+    dist.all_gather(all_indices, indices)
+    dist.all_gather(all_values, values)
+    offset = 0
+    for k, (param, rows) in enumerate(zip(params, widest)):
+        spans = [slice(offset, offset + int(all_counts[r][k])) for r in range(world_size)]
+        parts = [(all_indices[r][spans[r]], all_values[r][spans[r]]) for r in range(world_size)]
+        offset += rows
+        summed = torch.sparse_coo_tensor(torch.cat([i for i, _ in parts]).unsqueeze(0),
+                                         torch.cat([v for _, v in parts]), param.shape).coalesce()
+        param.grad = summed / world_size
 
 
 def backend_for(device: torch.device) -> str:

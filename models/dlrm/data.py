@@ -1,10 +1,22 @@
 """Split-binary batch reader (NVIDIA ParametricDataset semantics) with rank sharding and a prefetch thread.
 
-One item = one whole batch: `os.pread` of `batch_size` rows from every file of the mapping at the batch's offset,
-so no file is ever loaded whole and any batch can be read in any order (shuffling whole batches, as NVIDIA's
-`--shuffle_batch_order` does; rows inside a batch keep file order). The last batch may be short: evaluation keeps
-it, training may drop it. Unlike NVIDIA, which only compares batch counts, every file must hold exactly the same
-number of rows, so a truncated file fails at open time with its name instead of crashing on the last batch.
+One item = one whole batch: `os.preadv` of `batch_size` rows from every file of the mapping at the batch's offset,
+straight into the batch's buffers, so no file is ever loaded whole and any batch can be read in any order (shuffling
+whole batches, as NVIDIA's `--shuffle_batch_order` does; rows inside a batch keep file order). The last batch may
+be short: evaluation keeps it, training may drop it. Unlike NVIDIA, which only compares batch counts, every file
+must hold exactly the same number of rows, so a truncated file fails at open time with its name instead of crashing
+on the last batch.
+
+Two forms of a batch. `dataset.raw(i)` is the bytes as stored (float16 numericals, the categorical columns in one
+[k, b] array per file dtype (int8/16/32), bool labels): no decoding at all, the form to ship to a GPU, which decodes
+it on the device (`decode_batch`), as NVIDIA's loader does. `dataset[i]` decodes on the host (float32 numericals,
+int32 ids, float32 labels) for CPU training, in the prefetch thread, so it overlaps the training step. Decoding
+writes ~2.5x the bytes it reads (float16 -> float32, int8/16 -> int32), so it costs more than the read itself
+(docs/PERFORMANCE.md, loader figure).
+
+Consecutive batches (evaluation, unshuffled single-process training) are read as spans of ~SPAN_BYTES, one preadv
+per file per span, and handed out as views: at a 4096-row batch the per-call costs of 28 small reads per batch were
+as large as the copying.
 """
 
 from __future__ import annotations
@@ -16,14 +28,36 @@ import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import torch
 
 from tasks.feature_spec import FeatureSpec
 
-# (numerical float32 [b, n_num], categorical int64 [b, n_cat], label float32 [b])
+# (numerical float32 [b, n_num], categorical int32 [b, n_cat], label float32 [b]); categorical is a column-major
+# view (the transpose of a [n_cat, b] tensor), so each column the embedding tables look up is contiguous. Indices are
+# int32 (embedding lookups take int32 as fast as int64, at half the bytes to write) unless a file holds int64 ids.
 Batch = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
+
+
+class CategoricalGroup(NamedTuple):
+    """The categorical columns of one file dtype in a raw batch: `values[j]` is feature `positions[j]` (int64)."""
+
+    positions: torch.Tensor  # [k] int64: where these columns go in the [b, n_cat] categorical batch
+    values: torch.Tensor     # [k, b] in the files' dtype (int8/int16/int32/int64)
+
+
+# (numerical [b, n_num], categorical groups (one per file dtype), label [b]) in the files' own dtypes.
+RawBatch = tuple[torch.Tensor, tuple[CategoricalGroup, ...], torch.Tensor]
+
+# torch parallelises an element-wise copy above ~32k elements; for a batch-sized cast its thread hand-off costs
+# far more than the copy (measured 7x slower on 2 cores), so host decoding casts in slices below that size.
+_CAST_SLICE_ELEMENTS = 16_384
+# Consecutive batches are read as one span of about this many bytes (one preadv per file), then handed out as views:
+# a 4096-row Criteo batch is 28 reads of ~16 KB, where the per-call cost (syscall, array, tensor) is as large as
+# the copy itself.
+SPAN_BYTES = 4 << 20
 
 
 @dataclass
@@ -59,16 +93,36 @@ class _Column:
         self.rows = size // self.row_bytes
 
     def read(self, first_row: int, rows: int) -> np.ndarray:
-        want, offset = rows * self.row_bytes, first_row * self.row_bytes
-        data = os.pread(self.fd, want, offset)
-        while 0 < len(data) < want:  # pread may return less (e.g. Linux caps one read at ~2 GiB); finish it
-            more = os.pread(self.fd, want - len(data), offset + len(data))
-            if not more:
-                break
-            data += more
-        if len(data) != want:
-            raise OSError(f"{self.path}: short read at row {first_row} ({len(data)} of {want} bytes): file changed?")
-        return np.frombuffer(data, dtype=self.dtype)
+        """`rows` rows from `first_row` into a new array (shape [rows] or [rows, width]), no intermediate copy."""
+        out = np.empty((rows, self.width) if self.width > 1 else rows, dtype=self.dtype)
+        self.read_into(memoryview(out).cast("B"), first_row)
+        return out
+
+    def read_into(self, view: memoryview, first_row: int) -> None:
+        """Fill the byte view `view` (a whole number of rows) from row `first_row` on."""
+        want, offset, done = len(view), first_row * self.row_bytes, 0
+        while done < want:  # preadv may return less (e.g. Linux caps one read at ~2 GiB); finish it
+            got = os.preadv(self.fd, [view[done:]], offset + done)
+            if got == 0:
+                raise OSError(f"{self.path}: short read at row {first_row} ({done} of {want} bytes): file changed?")
+            done += got
+
+
+class _Group:
+    """The categorical columns of one dtype: read together into one [k, rows] array per batch (one allocation,
+    one tensor), which is what makes a batch of 26 columns cheap: per column only the preadv is left."""
+
+    def __init__(self, dtype: np.dtype, positions: list[int], columns: list[_Column]) -> None:
+        self.dtype, self.columns = dtype, columns
+        self.positions = np.asarray(positions, dtype=np.int64)
+        self.positions_tensor = torch.from_numpy(self.positions)
+
+    def read(self, first_row: int, rows: int) -> np.ndarray:
+        out = np.empty((len(self.columns), rows), dtype=self.dtype)
+        view, step = memoryview(out).cast("B"), rows * self.dtype.itemsize
+        for j, column in enumerate(self.columns):
+            column.read_into(view[j * step:(j + 1) * step], first_row)
+        return out
 
 
 class SplitBinaryDataset:
@@ -95,6 +149,12 @@ class SplitBinaryDataset:
         self._categorical = [
             self._open(categorical_paths[name], spec.feature_spec[name]["dtype"], 1) for name in self.categorical_names
         ]
+        by_dtype: dict[np.dtype, list[int]] = {}
+        for position, column in enumerate(self._categorical):
+            by_dtype.setdefault(column.dtype, []).append(position)
+        self._groups = [_Group(dtype, positions, [self._categorical[p] for p in positions])
+                        for dtype, positions in by_dtype.items()]
+        self.index_dtype = index_dtype_for([g.dtype for g in self._groups])
         self.rows = self._label.rows
         for column in self._columns:
             if column.rows != self.rows:
@@ -121,25 +181,66 @@ class SplitBinaryDataset:
     def __len__(self) -> int:
         return self.num_batches
 
-    def __getitem__(self, index: int) -> Batch:
-        if not 0 <= index < self.num_batches:
-            raise IndexError(f"batch {index} out of range: {self.mapping} has {self.num_batches} batches")
-        started = time.perf_counter()
-        first = index * self.batch_size
-        rows = min(self.batch_size, self.rows - first)
-        label = torch.from_numpy(self._label.read(first, rows).astype(np.float32))
-        if self._numerical is not None:
-            values = self._numerical.read(first, rows).reshape(rows, self._numerical.width)
-            numerical = torch.from_numpy(values.astype(np.float32))
-        else:
-            numerical = torch.empty((rows, 0), dtype=torch.float32)
-        categorical = np.empty((rows, len(self._categorical)), dtype=np.int64)
-        for i, column in enumerate(self._categorical):
-            categorical[:, i] = column.read(first, rows)
-        self.stats.batches += 1
+    @property
+    def span_batches(self) -> int:
+        """How many consecutive batches one read covers (about SPAN_BYTES per span, at least one batch)."""
+        return max(1, SPAN_BYTES // max(1, self.batch_size * self.bytes_per_row))
+
+    def _rows_of(self, first_index: int, count: int) -> tuple[int, int]:
+        last = first_index + count - 1
+        if count < 1 or not 0 <= first_index <= last < self.num_batches:
+            which = f"batch {first_index}" if count == 1 else f"batches {first_index}..{last}"
+            raise IndexError(f"{which} out of range: {self.mapping} has {self.num_batches} batches")
+        first = first_index * self.batch_size
+        return first, min(last * self.batch_size + self.batch_size, self.rows) - first
+
+    def _count(self, rows: int, batches: int, started: float) -> None:
+        self.stats.batches += batches
         self.stats.bytes += rows * self.bytes_per_row
         self.stats.seconds += time.perf_counter() - started
-        return numerical, torch.from_numpy(categorical), label
+
+    def _bounds(self, rows: int, count: int) -> list[tuple[int, int]]:
+        return [(k * self.batch_size, min((k + 1) * self.batch_size, rows)) for k in range(count)]
+
+    def raw_span(self, first_index: int, count: int) -> list[RawBatch]:
+        """Batches first_index .. first_index+count-1 in the files' dtypes, read with one preadv per file; each
+        batch is a view of the span's arrays (the GPU path, see the module docstring)."""
+        started = time.perf_counter()
+        first, rows = self._rows_of(first_index, count)
+        label = torch.from_numpy(self._label.read(first, rows))
+        numerical = (torch.from_numpy(self._numerical.read(first, rows).reshape(rows, self._numerical.width))
+                     if self._numerical is not None else torch.empty((rows, 0), dtype=torch.float16))
+        groups = [(g.positions_tensor, torch.from_numpy(g.read(first, rows))) for g in self._groups]
+        batches = [(numerical[a:b], tuple(CategoricalGroup(p, v[:, a:b]) for p, v in groups), label[a:b])
+                   for a, b in self._bounds(rows, count)]
+        self._count(rows, count, started)
+        return batches
+
+    def span(self, first_index: int, count: int) -> list[Batch]:
+        """Batches first_index .. first_index+count-1 decoded on the host (float32 numericals, int32 categoricals
+        [b, n_cat] as column-major views, float32 labels), read with one preadv per file and decoded in one pass."""
+        started = time.perf_counter()
+        first, rows = self._rows_of(first_index, count)
+        label = torch.from_numpy(self._label.read(first, rows).astype(np.float32))
+        if self._numerical is not None:
+            numerical = _cast(torch.from_numpy(self._numerical.read(first, rows)), torch.float32)
+        else:
+            numerical = torch.empty((rows, 0), dtype=torch.float32)
+        columns = np.empty((len(self._categorical), rows), dtype=self.index_dtype)  # column-major: contiguous
+        for group in self._groups:
+            columns[group.positions] = group.read(first, rows)  # one widening copy per dtype
+        categorical = torch.from_numpy(columns)
+        batches = [(numerical[a:b], categorical[:, a:b].T, label[a:b]) for a, b in self._bounds(rows, count)]
+        self._count(rows, count, started)
+        return batches
+
+    def raw(self, index: int) -> RawBatch:
+        """Batch `index` in the files' dtypes, no decoding (see the module docstring)."""
+        return self.raw_span(index, 1)[0]
+
+    def __getitem__(self, index: int) -> Batch:
+        """Batch `index` decoded on the host: float32 numericals, int32 categoricals [b, n_cat], float32 labels."""
+        return self.span(index, 1)[0]
 
     def close(self) -> None:
         for column in self._columns:
@@ -154,6 +255,53 @@ class SplitBinaryDataset:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _cast(tensor: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """tensor.to(dtype) on the host in row slices small enough that torch does not hand them to its thread pool."""
+    out = torch.empty(tensor.shape, dtype=dtype)
+    per_row = max(1, int(np.prod(tensor.shape[1:])))
+    step = max(1, _CAST_SLICE_ELEMENTS // per_row)
+    for start in range(0, len(tensor), step):
+        out[start:start + step].copy_(tensor[start:start + step])
+    return out
+
+
+def index_dtype_for(dtypes: Sequence[np.dtype]) -> np.dtype:
+    """The decoded categorical dtype for files of these dtypes: int32, or int64 if a file holds int64 ids."""
+    return np.dtype(np.int64) if any(np.dtype(d).itemsize > 4 for d in dtypes) else np.dtype(np.int32)
+
+
+def decode_batch(raw: RawBatch, device: torch.device) -> Batch:
+    """A raw batch moved to `device` as stored (fewest bytes over the bus), then decoded there (the GPU path)."""
+    numerical, groups, label = raw
+    numerical = numerical.to(device, non_blocking=True).float()
+    index_dtype = torch.int64 if any(g.values.element_size() > 4 for g in groups) else torch.int32  # as on the host
+    columns = torch.empty((sum(len(g.positions) for g in groups), len(label)), dtype=index_dtype, device=device)
+    for group in groups:
+        columns.index_copy_(0, group.positions.to(device, non_blocking=True),
+                            group.values.to(device, non_blocking=True).to(index_dtype))
+    return numerical, columns.T, label.to(device, non_blocking=True).float()
+
+
+def categorical_columns(raw: RawBatch) -> list[torch.Tensor]:
+    """The categorical columns of a raw batch in feature order, each in its file dtype (for inspection)."""
+    columns: dict[int, torch.Tensor] = {}
+    for group in raw[1]:
+        columns.update(zip(group.positions.tolist(), group.values))
+    return [columns[i] for i in range(len(columns))]
+
+
+def decodes_on_device(device: torch.device) -> bool:
+    """Whether batches travel raw and are decoded on `device` (an accelerator) rather than in the prefetch thread."""
+    return torch.device(device).type != "cpu"
+
+
+def to_device(batch: Batch | RawBatch, device: torch.device) -> Batch:
+    """A decoded batch on `device`: a raw batch (tuple of categorical groups) is decoded there first."""
+    if isinstance(batch[1], tuple):
+        return decode_batch(batch, device)
+    return tuple(t.to(device, non_blocking=True) for t in batch)
 
 
 def shard_batch_indices(
@@ -181,26 +329,50 @@ def shard_batch_indices(
 _DONE = object()
 
 
-class PrefetchingReader:
-    """Iterates dataset[i] for the given indices; with depth > 0 a thread reads up to `depth` batches ahead.
+def consecutive_runs(indices: Sequence[int], longest: int) -> Iterator[tuple[int, int]]:
+    """(first, count) runs of consecutive indices, in order, each at most `longest` long."""
+    start = count = 0
+    for index in indices:
+        if count and index == start + count and count < longest:
+            count += 1
+            continue
+        if count:
+            yield start, count
+        start, count = index, 1
+    if count:
+        yield start, count
 
-    pread and numpy decoding release the GIL, so reading overlaps the training step. Errors in the thread are
-    re-raised in the consumer; `close()` (or leaving a `with` block / breaking a for loop) stops the thread.
+
+class PrefetchingReader:
+    """Iterates dataset[i] (raw=True: dataset.raw(i)) for the given indices; with depth > 0 a thread reads up to
+    `depth` reads ahead.
+
+    Runs of consecutive indices (evaluation, unshuffled single-process training) are read as spans of up to
+    `dataset.span_batches` batches (one read per file per span, ~SPAN_BYTES); the batches of a span are views of its
+    arrays. The thread hands over whole spans (one queue hand-off per span, not per batch), so up to `depth` spans
+    (or single batches, where indices are not consecutive) wait in the queue. preadv and the decoding casts release
+    the GIL, so reading overlaps the training step. Errors in the thread are re-raised in the consumer; `close()` (or
+    leaving a `with` block / breaking a for loop) stops the thread.
     """
 
-    def __init__(self, dataset: SplitBinaryDataset, indices: Sequence[int], depth: int = 4) -> None:
+    def __init__(self, dataset: SplitBinaryDataset, indices: Sequence[int], depth: int = 4, raw: bool = False) -> None:
         self.dataset, self.indices, self.depth = dataset, list(indices), depth
+        self._fetch_span = dataset.raw_span if raw else dataset.span
         self._queue: queue.Queue = queue.Queue(maxsize=max(depth, 1))
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+
+    def _spans(self) -> Iterator[list[Batch | RawBatch]]:
+        for first, count in consecutive_runs(self.indices, self.dataset.span_batches):
+            yield self._fetch_span(first, count)
 
     def __len__(self) -> int:
         return len(self.indices)
 
     def __iter__(self) -> Iterator[Batch]:
         if self.depth <= 0:
-            for index in self.indices:
-                yield self.dataset[index]
+            for span in self._spans():
+                yield from span
             return
         self._thread = threading.Thread(target=self._produce, name="split-binary-prefetch", daemon=True)
         self._thread.start()
@@ -208,16 +380,16 @@ class PrefetchingReader:
             while (item := self._queue.get()) is not _DONE:
                 if isinstance(item, BaseException):
                     raise item
-                yield item
+                yield from item
         finally:
             self.close()
 
     def _produce(self) -> None:
         try:
-            for index in self.indices:
+            for span in self._spans():
                 if self._stop.is_set():
                     return
-                self._put(self.dataset[index])
+                self._put(span)
         except BaseException as exc:  # handed to the consumer, which re-raises it
             self._put(exc)
             return

@@ -19,7 +19,7 @@ from models.common.checkpoint import FORMAT_VERSION, MODEL_KIND, safe_load, writ
 from models.common.distributed import autocast_context, select_device
 from models.common.metrics import StreamingPredictions
 from models.common.progress import RankLog
-from models.dlrm.data import PrefetchingReader, SplitBinaryDataset
+from models.dlrm.data import PrefetchingReader, SplitBinaryDataset, decodes_on_device, to_device
 from models.dlrm.model import Dlrm, build_model
 from tasks.feature_spec import FEATURE_SPEC_FILE, FeatureSpec
 from tasks.storage import write_text_atomic
@@ -75,11 +75,12 @@ def predict_dataset(
     indices = list(range(len(dataset)))[: limit_batches if limit_batches is not None else None]
     predictions = StreamingPredictions()
     try:
-        with PrefetchingReader(dataset, indices, prefetch_depth) as reader:
-            for numerical, categorical, label in reader:
+        with PrefetchingReader(dataset, indices, prefetch_depth, raw=decodes_on_device(device)) as reader:
+            for batch in reader:
+                numerical, categorical, label = to_device(batch, device)
                 with autocast_context(device, amp):
-                    logits = model(numerical.to(device, non_blocking=True), categorical.to(device, non_blocking=True))
-                predictions.add(label.numpy(), logits.float().cpu().numpy())
+                    logits = model(numerical, categorical)
+                predictions.add(label.cpu().numpy(), logits.float().cpu().numpy())
     finally:
         model.train(was_training)
     return predictions

@@ -81,7 +81,7 @@ class DotInteraction(nn.Module):
 
 
 class Dlrm(nn.Module):
-    """DLRM: forward(numerical float [b, n_num], categorical int64 [b, n_cat]) -> logits [b]."""
+    """DLRM: forward(numerical float [b, n_num], categorical int32 or int64 [b, n_cat]) -> logits [b]."""
 
     def __init__(
         self,
@@ -126,6 +126,12 @@ class Dlrm(nn.Module):
 
     def embedding_bytes(self) -> int:
         return sum(t.weight.numel() * t.weight.element_size() for t in self.embeddings)
+
+    def sparse_parameters(self) -> list[tuple[str, nn.Parameter]]:
+        """(name, parameter) of the embedding tables when their gradients are sparse, else []."""
+        if not self.embeddings or not self.embeddings[0].sparse:
+            return []
+        return [(f"embeddings.{i}.weight", table.weight) for i, table in enumerate(self.embeddings)]
 
     def forward(self, numerical: torch.Tensor, categorical: torch.Tensor) -> torch.Tensor:
         if self.hash_indices:

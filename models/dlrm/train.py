@@ -16,15 +16,16 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch.nn.parallel import DistributedDataParallel
 
 from models.common.checkpoint import (CheckpointError, capture_rng_state, latest_checkpoint, load_checkpoint,
                                       restore_rng_state, save_checkpoint)
-from models.common.distributed import (DistContext, autocast_context, barrier, broadcast_from_main, init_distributed,
+from models.common.distributed import (DistContext, autocast_context, average_sparse_gradients, barrier,
+                                       broadcast_from_main, data_parallel, init_distributed,
                                        make_grad_scaler, shutdown_distributed)
 from models.common.progress import ProgressMeter, RankLog, format_bytes, format_duration
 from models.dlrm.config import DlrmConfig, build_parser, config_from_namespace
-from models.dlrm.data import PrefetchingReader, SplitBinaryDataset, shard_batch_indices
+from models.dlrm.data import (Batch, PrefetchingReader, RawBatch, SplitBinaryDataset, decodes_on_device,
+                              shard_batch_indices, to_device)
 from models.dlrm.evaluate import predict_dataset, save_model_file
 from models.dlrm.model import Dlrm, embedding_table_bytes
 from tasks.feature_spec import FeatureSpec
@@ -213,18 +214,21 @@ def _resume(run: _Run) -> int | None:
     return run.step
 
 
-def _train_step(run: _Run, batch: tuple[torch.Tensor, torch.Tensor, torch.Tensor]) -> torch.Tensor:
-    numerical, categorical, label = (t.to(run.ctx.device, non_blocking=True) for t in batch)
+def _train_step(run: _Run, batch: Batch | RawBatch) -> torch.Tensor:
+    numerical, categorical, label = to_device(batch, run.ctx.device)
     with autocast_context(run.ctx.device, run.cfg.amp):
         logits = run.model(numerical, categorical)
     loss = torch.nn.functional.binary_cross_entropy_with_logits(logits.float(), label)
     run.optimizer.zero_grad(set_to_none=True)
+    sparse = [param for _, param in run.core.sparse_parameters()]
     if run.scaler is not None:
         run.scaler.scale(loss).backward()
+        average_sparse_gradients(sparse, run.ctx.world_size)  # DDP averaged the dense ones during backward
         run.scaler.step(run.optimizer)
         run.scaler.update()
     else:
         loss.backward()
+        average_sparse_gradients(sparse, run.ctx.world_size)
         run.optimizer.step()
     run.scheduler.step()
     return loss.detach()
@@ -282,7 +286,7 @@ def _train_epochs(run: _Run) -> ProgressMeter:
         indices = shard_batch_indices(len(run.train_data), run.ctx.rank, run.ctx.world_size,
                                       cfg.shuffle_batch_order, cfg.seed, epoch)[: run.steps_per_epoch]
         with PrefetchingReader(run.train_data, indices[run.step - epoch * run.steps_per_epoch:],
-                               cfg.prefetch_depth) as reader:
+                               cfg.prefetch_depth, raw=decodes_on_device(run.ctx.device)) as reader:
             for batch in reader:
                 loss_sum += _train_step(run, batch)
                 count += 1
@@ -298,11 +302,13 @@ def _train_epochs(run: _Run) -> ProgressMeter:
 
 
 def _finish(run: _Run, resumed: int | None, meter: ProgressMeter) -> TrainResult:
+    # The training loop's rate (periodic evaluations and checkpoints included), taken before the final save.
+    rate = meter.overall_samples_per_second(run.step)
     _save(run)
     checksum = weights_checksum(run.core)
     run.log(f"final weights sha256 {checksum} at step {run.step}", all_ranks=True)
     result = TrainResult(steps=run.step, epochs=run.cfg.epochs, world_size=run.ctx.world_size,
-                         resumed_from_step=resumed, samples_per_second=meter.overall_samples_per_second(run.step),
+                         resumed_from_step=resumed, samples_per_second=rate,
                          final_metrics={}, embedding_bytes=run.core.embedding_bytes(), weights_sha256=checksum,
                          output_dir=run.out)
     if not run.ctx.is_main:
@@ -343,7 +349,7 @@ def _train(cfg: DlrmConfig, ctx: DistContext) -> TrainResult:
     try:
         run.out.mkdir(parents=True, exist_ok=True)
         resumed = _resume(run)
-        run.model = (DistributedDataParallel(run.core, device_ids=[ctx.device] if ctx.device.type == "cuda" else None)
+        run.model = (data_parallel(run.core, ctx, [name for name, _ in run.core.sparse_parameters()])
                      if ctx.is_distributed else run.core)
         run.log(f"training {run.total_steps} steps ({cfg.epochs} epochs x {run.steps_per_epoch}) of {cfg.batch_size} "
                 f"rows on {ctx.world_size} x {ctx.device} ({ctx.backend or 'single process'}), amp={cfg.amp}, "

@@ -61,12 +61,12 @@ def checkpoint_failure(path: Path, *named: str, plain: bool = True) -> str:
 
 def test_file_that_is_not_a_checkpoint(tmp_path):
     path, _ = planted_file(tmp_path, "text")
-    checkpoint_failure(path, "not a recflow recflow.checkpoint file (safe loader refused it")
+    checkpoint_failure(path, "not a recflow.checkpoint file (safe loader refused it")
 
 
 def test_torch_file_that_is_not_ours(tmp_path):
     path, _ = planted_file(tmp_path, "foreign-torch")
-    checkpoint_failure(path, "not a recflow recflow.checkpoint file (kind is None)")
+    checkpoint_failure(path, "not a recflow.checkpoint file (kind is None)")
 
 
 def test_malicious_pickle_checkpoint_is_refused_without_running(tmp_path):
@@ -82,7 +82,7 @@ def test_malicious_legacy_pickle_model_is_refused_by_evaluate_without_running(tm
     path, marker = planted_file(tmp_path, "malicious-legacy")
     with pytest.raises(CheckpointError) as caught:
         main(["--model_path", str(path), "--output_dir", str(tmp_path / "eval"), "--device", "cpu"])
-    one_line(caught.value, f"{path}: not a recflow recflow.model file (safe loader refused it")
+    one_line(caught.value, f"{path}: not a recflow.model file (safe loader refused it")
     assert not marker.exists() and not (tmp_path / "eval").exists()
 
 
