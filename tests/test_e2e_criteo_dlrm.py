@@ -7,7 +7,6 @@ a child process via scripts/run_dag.py with its own AIRFLOW_HOME, data root and 
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -18,6 +17,7 @@ from tasks import layout
 from tasks.config import Settings
 from tasks.criteo_ingest import day_stats, download_day, validate_day
 from tasks.synthetic_criteo import CriteoDayGenerator, write_criteo_day
+from tests.conftest import airflow_init, airflow_test_env
 
 pytestmark = pytest.mark.e2e
 
@@ -41,13 +41,7 @@ def ingested(tmp_path_factory) -> dict[str, str]:
         download_day(settings, day)
         validate_day(settings, day)
         day_stats(settings, day, spark_master="local[2]")
-    env = {**os.environ, "AIRFLOW_HOME": str(home), "RECFLOW_DATA_ROOT": str(data),
-           "RECFLOW_RETRY_DELAY_S": "1", "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
-           "AIRFLOW__CORE__DAGS_FOLDER": str(REPO / "dags"), "PYTHONPATH": str(REPO),
-           "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
-    subprocess.run(["bash", str(REPO / "scripts" / "airflow_init.sh")], env=env, check=True, timeout=300,
-                   capture_output=True)
-    return env
+    return airflow_init(airflow_test_env(home, data))
 
 
 def run_dlrm(env: dict[str, str], **conf) -> dict:

@@ -6,7 +6,6 @@ Each run goes through scripts/run_dag.py in a child process with its own AIRFLOW
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -17,7 +16,7 @@ import pytest
 from tasks import layout
 from tasks.storage import read_manifest
 from tasks.synthetic_criteo import CriteoDayGenerator, write_criteo_day
-from tests.conftest import CRITEO_SAMPLE
+from tests.conftest import CRITEO_SAMPLE, airflow_init, airflow_test_env
 
 pytestmark = pytest.mark.e2e
 
@@ -38,13 +37,7 @@ def airflow_env(tmp_path_factory) -> dict[str, str]:
     lines[10] = b"2\t" + lines[10].split(b"\t", 1)[1]      # label outside {0,1}
     lines[20] = b"1\t2\t3"                                  # too few fields
     (source / "day_3").write_bytes(b"\n".join(lines))     # 2 bad of 3000 = 0.07% ...
-    env = {**os.environ, "AIRFLOW_HOME": str(home), "RECFLOW_DATA_ROOT": str(data),
-           "RECFLOW_CRITEO_SOURCE": (source.as_uri() + "/day_{day}"), "RECFLOW_RETRY_DELAY_S": "1",
-           "AIRFLOW__CORE__LOAD_EXAMPLES": "False", "AIRFLOW__CORE__DAGS_FOLDER": str(REPO / "dags"),
-           "PYTHONPATH": str(REPO), "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
-    subprocess.run(["bash", str(REPO / "scripts" / "airflow_init.sh")], env=env, check=True, timeout=300,
-                   capture_output=True)
-    return env
+    return airflow_init(airflow_test_env(home, data, RECFLOW_CRITEO_SOURCE=source.as_uri() + "/day_{day}"))
 
 
 def run_ingest(env: dict[str, str], day: int, **conf) -> dict:
