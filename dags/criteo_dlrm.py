@@ -21,7 +21,7 @@ import os
 from airflow.sdk import AssetOrTimeSchedule, CronTriggerTimetable, Param, dag, task
 
 from tasks.config import load_settings
-from tasks.dag_support import CRITEO_DAY_STATS, DEFAULT_ARGS, SPARK_POOL, TRAIN_POOL, spark_master
+from tasks.dag_support import CRITEO_DAY_STATS, DEFAULT_ARGS, SPARK_TASK, TRAIN_TASK, spark_master
 
 _MLP = r"^\d{1,5}(,\d{1,5}){0,7}$"
 
@@ -99,7 +99,7 @@ def criteo_dlrm():
         return fail_without_retry(ValueError)(resolve)(load_settings(), params["train_days"], params["test_day"],
                                                        params["window_days"])
 
-    @task(pool=SPARK_POOL)
+    @task(**SPARK_TASK)
     def build_dictionary(window: dict, **context) -> dict:
         from spark_jobs.criteo_dictionary import parse_threshold_overrides
         from tasks.criteo_dlrm import run_paths
@@ -111,7 +111,7 @@ def criteo_dlrm():
                      threshold_overrides=parse_threshold_overrides(params["threshold_overrides"]),
                      dictionary_days=params["dictionary_days"], spark_master=spark_master())
 
-    @task(pool=SPARK_POOL)
+    @task(**SPARK_TASK)
     def transform(window: dict, dictionary: dict, **context) -> dict:
         from tasks.criteo_dlrm import run_paths
         from tasks.criteo_preprocess import transform_dataset
@@ -129,7 +129,7 @@ def criteo_dlrm():
 
         return fail_without_retry(DatasetInvalid)(check)(run_paths(load_settings(), context["run_id"]).dataset)
 
-    @task(pool=TRAIN_POOL)
+    @task(**TRAIN_TASK)
     def train(validated: dict, **context) -> dict:
         from tasks.criteo_dlrm import train as run_training
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 from airflow.sdk import CronDataIntervalTimetable, Param, dag, task
 
 from tasks.dag_support import (
-    CRITEO_DAY_STATS, DEFAULT_ARGS, SPARK_POOL, criteo_day, epoch_datetime, fail_without_retry, spark_master,
+    CRITEO_DAY_STATS, DEFAULT_ARGS, SPARK_TASK, criteo_day, epoch_datetime, fail_without_retry, spark_master,
 )
 from tasks.config import load_settings
 
@@ -37,7 +37,9 @@ from tasks.config import load_settings
         "source_url": Param("", type="string", maxLength=2048, pattern=r"^$|^(file|https?|s3)://[^\s;|&$`]+$",
                             title="Source URL",
                             description="Overrides the configured source template for this run (file://, "
-                                        "http(s)://, s3://). Empty = RECFLOW_CRITEO_SOURCE with {day}."),
+                                        "http(s)://, s3://). Empty = RECFLOW_CRITEO_SOURCE with {day}. file:// "
+                                        "paths must lie under RECFLOW_FILE_SOURCE_ROOTS (default: the data root "
+                                        "and the configured source folder)."),
         "expected_sha256": Param("", type="string", pattern=r"^$|^[0-9a-f]{64}$", title="Expected sha256",
                                  description="Checksum of the source file; empty = not checked."),
         "bad_row_budget": Param(0.001, type="number", minimum=0, maximum=1, title="Bad-row budget",
@@ -65,7 +67,7 @@ def criteo_ingest():
         validate = fail_without_retry(DataQualityError)(validate_day)
         return validate(settings, downloaded["day"], bad_row_budget=context["params"]["bad_row_budget"])
 
-    @task(pool=SPARK_POOL, outlets=[CRITEO_DAY_STATS])
+    @task(**SPARK_TASK, outlets=[CRITEO_DAY_STATS])
     def day_stats(validated: dict, **context) -> dict:
         from tasks.criteo_ingest import day_stats as compute_day_stats
 

@@ -21,6 +21,18 @@ CRITEO_DAY_STATS = Asset(name="criteo_day_stats", uri="recflow://criteo/day_stat
 SPARK_POOL = "spark"
 TRAIN_POOL = "train"
 
+
+def _queue(variable: str) -> dict[str, str]:
+    """A task's Celery queue from the environment at parse time ({} = Airflow's [operators] default_queue).
+    LocalExecutor ignores queues; under CeleryExecutor, RECFLOW_TRAIN_QUEUE=gpu sends training to the GPU
+    workers (docker-compose.yml's `gpu` profile) and RECFLOW_SPARK_QUEUE=gpu the Spark jobs (RAPIDS profile)."""
+    queue = os.environ.get(variable, "").strip()
+    return {"queue": queue} if queue else {}
+
+
+SPARK_TASK: dict[str, Any] = {"pool": SPARK_POOL, **_queue("RECFLOW_SPARK_QUEUE")}
+TRAIN_TASK: dict[str, Any] = {"pool": TRAIN_POOL, **_queue("RECFLOW_TRAIN_QUEUE")}
+
 DEFAULT_ARGS: dict[str, Any] = {
     "owner": "recflow",
     "retries": int(os.environ.get("RECFLOW_TASK_RETRIES", "2")),

@@ -31,7 +31,7 @@ for dag_id, dag in bag.dags.items():
     dags[dag_id] = {
         "tags": sorted(dag.tags),
         "doc": bool(dag.doc_md),
-        "tasks": {t.task_id: {"retries": t.retries} for t in dag.tasks},
+        "tasks": {t.task_id: {"retries": t.retries, "pool": t.pool, "queue": t.queue} for t in dag.tasks},
         "params": {k: dag.params.get_param(k).description for k in dag.params.keys()},
     }
 heavy = sorted(m for m in sys.modules if m.split(".")[0] in sys.argv[2].split(","))
@@ -40,13 +40,32 @@ print(json.dumps({"errors": {k: str(v)[-400:] for k, v in bag.import_errors.item
 """
 
 
-@pytest.fixture(scope="module")
-def parsed(tmp_path_factory) -> dict:
+def _parse(tmp_path_factory, **extra_env: str) -> dict:
     env = {**os.environ, "AIRFLOW_HOME": str(tmp_path_factory.mktemp("airflow_home")),
-           "AIRFLOW__CORE__LOAD_EXAMPLES": "False", "PYTHONPATH": str(REPO)}
+           "AIRFLOW__CORE__LOAD_EXAMPLES": "False", "PYTHONPATH": str(REPO), **extra_env}
+    for name in ("RECFLOW_TRAIN_QUEUE", "RECFLOW_SPARK_QUEUE"):
+        if name not in extra_env:
+            env.pop(name, None)
     out = subprocess.run([sys.executable, "-c", _PARSE_PROBE, str(REPO / "dags"), ",".join(HEAVY_MODULES)],
                          env=env, capture_output=True, text=True, timeout=180, check=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="module")
+def parsed(tmp_path_factory) -> dict:
+    return _parse(tmp_path_factory)
+
+
+def test_pools_and_queues_route_spark_and_training(parsed, tmp_path_factory):
+    spark = {("criteo_ingest", "day_stats"), ("criteo_dlrm", "build_dictionary"), ("criteo_dlrm", "transform")}
+    for dag_id, dag in parsed["dags"].items():
+        for task_id, task in dag["tasks"].items():
+            pool = "spark" if (dag_id, task_id) in spark else "train" if task_id == "train" else "default_pool"
+            assert (task_id, task["pool"], task["queue"]) == (task_id, pool, "default")
+    # Under Celery, the queues come from the environment at parse time: training and Spark on the GPU workers.
+    gpu = _parse(tmp_path_factory, RECFLOW_TRAIN_QUEUE="gpu", RECFLOW_SPARK_QUEUE="gpu")
+    queues = {(d, t): task["queue"] for d, dag in gpu["dags"].items() for t, task in dag["tasks"].items()}
+    assert {key for key, queue in queues.items() if queue == "gpu"} == spark | {("criteo_dlrm", "train")}
 
 
 def test_every_dag_file_imports_without_errors(parsed):

@@ -5,6 +5,8 @@ scheduler, dag-processor and api-server running as subprocesses, each in its own
         api = cluster.api()                       # scripts/airflow_api.AirflowApi, logged in
         cluster.airflow("backfill", "create", ...) # the CLI with the same environment
         cluster.service_log_tails()                # for assertion messages
+        cluster.kill_service("scheduler")          # SIGKILL its process group, as a crash would
+        cluster.start_service("scheduler")         # a new process with the same arguments and environment
 
 The PostgreSQL server is the machine's (127.0.0.1:5432, user postgres, trust auth); the database is created at
 start and dropped (with its connections) at the end. Everything else lives under the given directory.
@@ -122,6 +124,7 @@ class AirflowCluster:
     database: str
     log_dir: Path
     processes: dict[str, subprocess.Popen] = field(default_factory=dict)
+    service_args: dict[str, list[str]] = field(default_factory=dict)  # name -> airflow CLI arguments
 
     def api(self) -> AirflowApi:
         return AirflowApi.login(self.api_url, self.username, self.password)
@@ -134,6 +137,26 @@ class AirflowCluster:
             raise AssertionError(f"airflow {' '.join(args)} exited {proc.returncode}:\n"
                                  f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
         return proc
+
+    def start_service(self, name: str) -> subprocess.Popen:
+        """(Re)start a service with its arguments and the cluster's environment; its log file is appended to."""
+        proc = self.processes.get(name)
+        if proc is not None and proc.poll() is None:
+            raise RuntimeError(f"{name} (pid {proc.pid}) is still running")
+        self.processes[name] = _start_service(name, self.service_args[name], self.env, self.log_dir)
+        return self.processes[name]
+
+    def kill_service(self, name: str, sig: signal.Signals = signal.SIGKILL) -> int:
+        """Send `sig` to a service's whole process group (the leader and what it forked into the group, not
+        children that made their own group or session); waits for the leader to exit. Returns its exit code."""
+        proc = self.processes[name]
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, sig)
+        return proc.wait(timeout=30)
+
+    def restart_service(self, name: str, sig: signal.Signals = signal.SIGKILL) -> subprocess.Popen:
+        self.kill_service(name, sig)
+        return self.start_service(name)
 
     def dead_services(self) -> list[str]:
         return [name for name, proc in self.processes.items() if proc.poll() is not None]
@@ -230,11 +253,35 @@ def _has_dag(api: AirflowApi, dag_id: str) -> bool:
         raise
 
 
+REDIS_HOST, REDIS_PORT = "127.0.0.1", 6379
+
+
+def celery_env(database: str) -> tuple[dict[str, str], int]:
+    """CeleryExecutor on the machine's Redis (broker, one Redis database per cluster, emptied first) with results
+    in the cluster's PostgreSQL database. Returns (environment, Redis database number)."""
+    import redis
+
+    number = 1 + int(database.rsplit("_", 1)[-1], 16) % 15  # 1..15; 0 is left to whatever else uses the server
+    redis.Redis(host=REDIS_HOST, port=REDIS_PORT, db=number).flushdb()
+    return {
+        "AIRFLOW__CORE__EXECUTOR": "CeleryExecutor",
+        "AIRFLOW__CELERY__BROKER_URL": f"redis://{REDIS_HOST}:{REDIS_PORT}/{number}",
+        "AIRFLOW__CELERY__RESULT_BACKEND": f"db+postgresql+psycopg2://{PG_USER}@{PG_HOST}:{PG_PORT}/{database}",
+        "AIRFLOW__CELERY__WORKER_CONCURRENCY": "2",  # as parallelism: 2 cores
+    }, number
+
+
 @contextlib.contextmanager
 def airflow_cluster(workdir: Path, extra_env: Mapping[str, str] | None = None,
-                    dag_ids: tuple[str, ...] = (), startup_timeout: float = 240.0) -> Iterator[AirflowCluster]:
+                    dag_ids: tuple[str, ...] = (), startup_timeout: float = 240.0,
+                    executor: str = "LocalExecutor") -> Iterator[AirflowCluster]:
     """Migrate a fresh PostgreSQL database, run scripts/airflow_init.sh, start the services, wait for the API
-    and for `dag_ids` to be parsed; yield the cluster; stop the services and drop the database."""
+    and for `dag_ids` to be parsed; yield the cluster; stop the services and drop the database.
+
+    executor="CeleryExecutor": tasks go through the local Redis to an `airflow celery worker` service (queue
+    `default`), as in docker-compose.yml."""
+    if executor not in ("LocalExecutor", "CeleryExecutor"):
+        raise ValueError(f"executor {executor!r}: LocalExecutor or CeleryExecutor")
     home, log_dir = workdir / "airflow_home", workdir / "service_logs"
     home.mkdir(parents=True, exist_ok=True)
     log_dir.mkdir(parents=True, exist_ok=True)
@@ -245,6 +292,12 @@ def airflow_cluster(workdir: Path, extra_env: Mapping[str, str] | None = None,
     with postgres_database() as database:
         db_url = f"postgresql+psycopg2://{PG_USER}@{PG_HOST}:{PG_PORT}/{database}"
         env = cluster_env(home, db_url, port, password_file, extra_env)
+        services = dict(SERVICES)
+        redis_db = None
+        if executor == "CeleryExecutor":
+            celery, redis_db = celery_env(database)
+            env.update(celery)
+            services["celery-worker"] = ["celery", "worker", "--queues", "default", "--concurrency", "2"]
         cluster = AirflowCluster(home, env, f"http://127.0.0.1:{port}", USERNAME, password, database, log_dir)
         started = time.monotonic()
         # airflow_init.sh runs `airflow db migrate` first, then pools and the spark_default connection.
@@ -253,9 +306,9 @@ def airflow_cluster(workdir: Path, extra_env: Mapping[str, str] | None = None,
         assert init.returncode == 0, f"airflow_init.sh failed:\n{init.stdout[-3000:]}\n{init.stderr[-5000:]}"
         log.info("database migrated and initialised in %.1f s", time.monotonic() - started)
         try:
-            for name, args in SERVICES.items():
-                extra = [str(port)] if name == "api-server" else []
-                cluster.processes[name] = _start_service(name, [*args, *extra], env, log_dir)
+            for name, args in services.items():
+                cluster.service_args[name] = [*args, str(port)] if name == "api-server" else list(args)
+                cluster.start_service(name)
             api = cluster.wait_until(cluster.api, startup_timeout, "the api-server to accept a login")
             cluster.wait_until(lambda: _dags_parsed(api, dag_ids), startup_timeout, f"DAGs {dag_ids} parsed")
             log.info("airflow cluster up in %.1f s (api %s)", time.monotonic() - started, cluster.api_url)
@@ -264,3 +317,7 @@ def airflow_cluster(workdir: Path, extra_env: Mapping[str, str] | None = None,
             for proc in reversed(list(cluster.processes.values())):
                 _stop_service(proc)
             _kill_leftovers(workdir)
+            if redis_db is not None:
+                import redis
+
+                redis.Redis(host=REDIS_HOST, port=REDIS_PORT, db=redis_db).flushdb()
