@@ -35,6 +35,7 @@ EPOCH = datetime(2026, 1, 1).date()  # RECFLOW_CRITEO_EPOCH default: logical dat
 TINY_MODEL = {"bottom_mlp": "32,16", "top_mlp": "64,32,1", "batch_size": 256, "lr": 0.5, "epochs": 3,
               "warmup_steps": 5, "decay_start_step": 30, "decay_steps": 20, "checkpoint_every_steps": 10,
               "log_every_steps": 5, "frequency_threshold": 2, "min_auc": 0.60}
+BAD_DAY = 5  # a day whose rows break the contract beyond the budget
 BACKFILL_WINDOW = ("--dag-id", INGEST, "--from-date", "2026-01-01", "--to-date", "2026-01-03")  # days 0..2
 TERMINAL_TI = {"success", "failed", "skipped", "upstream_failed", "removed"}
 
@@ -152,6 +153,37 @@ def test_manual_ingest_through_the_api(cluster, api):
     overhead = scheduler_overhead(api, INGEST, run["dag_run_id"])
     print(f"\nSCHEDULER OVERHEAD criteo_ingest manual run: {json.dumps(overhead)}")
     assert overhead["sum_body_s"] <= overhead["sum_duration_s"] <= overhead["wall_s"]
+
+
+def test_failed_validation_is_one_red_task_with_one_line(cluster, api):
+    """What an operator sees for a day that breaks its contract: validate_raw red after one try (bad data is not
+    retried), day_stats upstream_failed, and the log's error line naming the day, count, budget and first bad
+    row (line, field, column); the report and quarantine are kept, nothing is marked complete."""
+    lines = (data_root(cluster) / "source" / "day_0").read_bytes().split(b"\n")
+    lines[10] = b"2" + lines[10][1:]                 # label outside {0,1}
+    lines[20] = b"1\t2\t3"                           # 3 fields instead of 40
+    fields = lines[30].split(b"\t")
+    lines[30] = b"\t".join([fields[0], b"x7", *fields[2:]])  # non-numeric integer
+    (data_root(cluster) / "source" / f"day_{BAD_DAY}").write_bytes(b"\n".join(lines))  # 3 of 2000 > 0.1%
+
+    run = api.trigger(INGEST, {"day": BAD_DAY})
+    wait_for_run(cluster, api, INGEST, run["dag_run_id"], timeout=300, state="failed")
+    tis = {ti["task_id"]: ti for ti in api.task_instances(INGEST, run["dag_run_id"])}
+    assert tis["download"]["state"] == "success"
+    assert (tis["validate_raw"]["state"], tis["validate_raw"]["try_number"]) == ("failed", 1)
+    assert tis["day_stats"]["state"] == "upstream_failed"
+    log = api.task_log(INGEST, run["dag_run_id"], "validate_raw")
+    # The exception travels as the log's structured error detail: one line, '<type>: <message>'.
+    errors = [line.strip() for line in log.splitlines() if f"DataQualityError: day_{BAD_DAY}:" in line]
+    assert errors, log[-3000:]
+    out = layout.criteo_validated_day(data_root(cluster), BAD_DAY)
+    assert re.fullmatch(rf"(\w+\.)*DataQualityError: day_{BAD_DAY}: 3 bad rows of {ROWS} \(0\.150% > budget 0\.100%\); "
+                        rf"first: day_{BAD_DAY} line 11, field 1 \(label\), column 1: '2' label must be 0 or 1; "
+                        rf"quarantine and GX report in {re.escape(str(out))}", errors[-1]), errors[-1]
+    print(f"\nFAILED VALIDATION in the UI: validate_raw failed (try 1 of 3, not retried), day_stats "
+          f"upstream_failed; the log's error line: {errors[-1]}")
+    assert (out / "report.json").is_file() and (out / "quarantine.jsonl").is_file()
+    assert read_manifest(out) is None and not layout.criteo_stats_day(data_root(cluster), BAD_DAY).exists()
 
 
 def _wait_for_backfill(cluster: AirflowCluster, api: AirflowApi, count: int) -> dict:
