@@ -60,8 +60,11 @@ class Mode:
         return list(range(max(self.scaling_days) + 1))
 
 
-QUICK = Mode("quick", 50_000, (1, 2, 4), repeats=3, spark_repeats=1, loader_rows=1_000_000,
-             train=TrainShape(4096, (64, 16), (64, 32, 1), warmup_steps=5, measured_steps=60, log_every_steps=5))
+# quick must finish in < 10 min on 2 cores: its cost is spark-submits (~20-30 s of fixed start-up each, 3 day_stats
+# + 2 x 2 preprocessing jobs) and 12 torchrun launches (20 measured steps each: the training stage was 6 of 15 min
+# under load); the 4- and 8-day windows are --full's.
+QUICK = Mode("quick", 50_000, (1, 2), repeats=3, spark_repeats=1, loader_rows=1_000_000,
+             train=TrainShape(4096, (64, 16), (64, 32, 1), warmup_steps=5, measured_steps=20, log_every_steps=5))
 FULL = Mode("full", 500_000, (1, 2, 4, 8), repeats=3, spark_repeats=3, loader_rows=4_000_000,
             train=TrainShape(8192, (512, 256, 128), (1024, 1024, 512, 256, 1), warmup_steps=5, measured_steps=50,
                              log_every_steps=5))

@@ -1,11 +1,12 @@
-"""Figure 3, loader: SplitBinaryDataset batches/s and MB/s, with and without the prefetch thread, against np.fromfile.
+"""Figure 3, loader: SplitBinaryDataset batches/s and MB/s against np.fromfile: raw batches (the files' dtypes, the
+GPU path: decoded on the device), host-decoded batches (the CPU path) without and with the prefetch thread.
 
 The dataset is the Criteo-shaped split-binary train mapping of bench.datasets (13 float16 numericals, 26
 categoricals of int8/int16/int32 by cardinality, a bool label). One sample = one full pass over every batch of the
 training batch size; the consumer only holds each batch (no model), so this is the loader alone. The floor reads the
 same bytes with np.fromfile, file by file, in one sequential pass. The files are read once before measuring, so
 every side reads from the page cache (a cold-cache number needs dropping caches, which needs root). Samples are
-interleaved (floor, no prefetch, prefetch) in each repeat, and the ratios are paired. A sample makes as many passes
+interleaved (floor, raw, decoded, decoded + prefetch) in each repeat, and the ratios are paired. A sample makes as many passes
 as it takes the floor to run for MIN_SAMPLE_S (timer noise on a sub-10 ms pass would swamp the figure); every
 side makes the same number of passes.
 """
@@ -25,7 +26,7 @@ PREFETCH_DEPTH = 4  # models.dlrm.config.DlrmConfig.prefetch_depth's default
 MIN_SAMPLE_S = 0.5
 
 
-def loader_pass(dataset_dir: Path, batch_size: int, depth: int) -> tuple[int, int, float]:
+def loader_pass(dataset_dir: Path, batch_size: int, depth: int, raw: bool = False) -> tuple[int, int, float]:
     """(batches, bytes, seconds) of reading every batch of the train mapping through PrefetchingReader."""
     from models.dlrm.data import PrefetchingReader, SplitBinaryDataset
     from tasks.feature_spec import FeatureSpec
@@ -34,7 +35,7 @@ def loader_pass(dataset_dir: Path, batch_size: int, depth: int) -> tuple[int, in
     with SplitBinaryDataset(spec, "train", batch_size) as dataset:
         batches = 0
         start = time.perf_counter()
-        with PrefetchingReader(dataset, range(len(dataset)), depth) as reader:
+        with PrefetchingReader(dataset, range(len(dataset)), depth, raw=raw) as reader:
             for _batch in reader:
                 batches += 1
         seconds = time.perf_counter() - start
@@ -58,18 +59,20 @@ def measure(mode: Mode) -> dict:
     read_seconds(mapping)  # warm the page cache; not a sample
     total, warm = read_seconds(mapping)
     passes = max(1, math.ceil(MIN_SAMPLE_S / max(warm, 1e-6)))
-    samples: dict[str, list[float]] = {"floor_s": [], "plain_s": [], "prefetch_s": []}
+    samples: dict[str, list[float]] = {"floor_s": [], "raw_s": [], "plain_s": [], "prefetch_s": []}
     batches = 0
     for repeat in range(mode.repeats):
         samples["floor_s"].append(_passes(lambda: (0, *read_seconds(mapping)), passes)[2])
+        samples["raw_s"].append(_passes(lambda: loader_pass(dataset_dir, batch, 0, raw=True), passes)[2])
         batches, loaded, seconds = _passes(lambda: loader_pass(dataset_dir, batch, 0), passes)
         if loaded != total * passes:
             raise RuntimeError(f"loader read {loaded} bytes but {passes} passes over the mapping hold "
                                f"{total * passes}")
         samples["plain_s"].append(seconds)
         samples["prefetch_s"].append(_passes(lambda: loader_pass(dataset_dir, batch, PREFETCH_DEPTH), passes)[2])
-        log.info("  loader repeat %d: floor %.3f s, no prefetch %.3f s, prefetch %.3f s", repeat + 1,
-                 samples["floor_s"][-1], samples["plain_s"][-1], samples["prefetch_s"][-1])
+        log.info("  loader repeat %d: floor %.3f s, raw %.3f s, decoded %.3f s, decoded + prefetch %.3f s",
+                 repeat + 1, samples["floor_s"][-1], samples["raw_s"][-1], samples["plain_s"][-1],
+                 samples["prefetch_s"][-1])
     # Per sample: `passes` passes, so batches and bytes are per sample too.
     return {"dataset": str(dataset_dir), "rows": mode.loader_rows, "batch_size": batch, "passes": passes,
             "batches": batches, "bytes": total * passes, **samples}
@@ -81,7 +84,9 @@ def figures(raw: dict) -> list[Figure]:
     floor_mbs = Stat.of([megabytes / s for s in floor_s])
     floor_bps = Stat.of([batches / s for s in floor_s])
     rows = []
-    for key, label in (("plain_s", "no prefetch thread"), ("prefetch_s", f"prefetch thread, depth {PREFETCH_DEPTH}")):
+    variants = [("raw_s", "raw batches (file dtypes, GPU path)"), ("plain_s", "decoded on the host (CPU path)"),
+                ("prefetch_s", f"decoded, prefetch thread depth {PREFETCH_DEPTH}")]
+    for key, label in [v for v in variants if v[0] in raw]:  # results from before raw batches lack raw_s
         seconds = raw[key]
         ratio = paired_ratio(floor_s, seconds)  # same bytes: the time ratio is the throughput ratio
         rows.append(Figure(SECTION, f"SplitBinaryDataset, {label}, batch {raw['batch_size']}", "batches/s",

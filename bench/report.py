@@ -32,8 +32,10 @@ of fixed start-up on 2 cores; full mode repeats both (`--spark-repeats` override
 2. **preprocessing**: `build_dictionary` + `transform_dataset` (two spark-submits: dictionary from the day counts,
    transform to split binary + feature spec) over N train days + the test day; rows = every row read and written.
 3. **loader**: full passes over a Criteo-shaped split-binary train mapping with `SplitBinaryDataset` via
-   `PrefetchingReader` (depth 0 and 4), no model; floor: `np.fromfile` of each file, one sequential pass. Page cache
-   warm on every side.
+   `PrefetchingReader`, no model: raw batches in the files' dtypes (`dataset.raw`, what a GPU run ships and decodes
+   on the device), batches decoded on the host to float32/int32 (the CPU training path; depth 0 and 4). Consecutive
+   batches are read as ~4 MB spans (one read per file per span). Floor: `np.fromfile` of each file, one sequential
+   pass. Page cache warm on every side.
 4. **training**: `models/dlrm/train.py` under torchrun on CPU (gloo); samples/s from its own log intervals after
    the first (warm-up); ceiling: the same model, batch and threads fed random in-memory tensors in a minimal loop
    (`bench/train_ceiling.py`), also under torchrun (DDP for 2 processes).
@@ -197,11 +199,18 @@ def plot_scaling(scaling: dict[str, Any], path: Path) -> Path | None:
     return path
 
 
-def write_docs(results: dict[str, Any]) -> Path:
+DEFAULT_PAGE = "PERFORMANCE.md"
+
+
+def write_docs(results: dict[str, Any], page_name: str = DEFAULT_PAGE) -> Path:
+    """docs/<page_name> and its plots in docs/perf/ (prefixed with the page's name unless it is the default page, so
+    a second run, e.g. a full-mode subset, sits beside the main page instead of replacing it)."""
     PERF_DIR.mkdir(parents=True, exist_ok=True)
-    plots = [p for p in (plot_ratios(results["figures"], PERF_DIR / "ratios.png"),
-                         plot_scaling(results.get("series", {}).get("scaling", {}), PERF_DIR / "scaling.png")) if p]
-    page = DOCS_DIR / "PERFORMANCE.md"
+    prefix = "" if page_name == DEFAULT_PAGE else Path(page_name).stem.lower() + "-"
+    plots = [p for p in (plot_ratios(results["figures"], PERF_DIR / f"{prefix}ratios.png"),
+                         plot_scaling(results.get("series", {}).get("scaling", {}), PERF_DIR / f"{prefix}scaling.png"))
+             if p]
+    page = DOCS_DIR / page_name
     write_text_atomic(page, render(results, plots))
     return page
 

@@ -1,7 +1,7 @@
 """Run the benchmark: `.venv/bin/python -m bench.run [--quick|--full] [--only NAME ...]` from the repository root.
 
 Figures: ingest, preprocessing, loader, training, orchestration, scaling (see docs/PERFORMANCE.md for what each
-measures). quick (default): 50k-row days, windows of 1/2/4 days, 3 repeats of every cheap measurement and one
+measures). quick (default): 50k-row days, windows of 1/2 days, 3 repeats of every cheap measurement and one
 ingest pass / one preprocessing run per window (each Spark run costs tens of seconds of fixed start-up on 2 cores);
 full: 500k-row days, windows of 1/2/4/8 days, 3 repeats of everything. Writes bench/results/<UTC timestamp>.json and
 regenerates docs/PERFORMANCE.md with its plots in docs/perf/. Intermediate data lives in bench/.cache/work/<stamp>/
@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import re
 import shlex
 import shutil
 import signal
@@ -46,7 +47,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--repeats", type=int, help="override the mode's repeats of cheap measurements")
     parser.add_argument("--spark-repeats", type=int, help="override the mode's ingest passes / runs per window")
     parser.add_argument("--keep-work", action="store_true", help="keep bench/.cache/work/<stamp>/ (data roots)")
+    parser.add_argument("--page", default=report.DEFAULT_PAGE,
+                        help="the page under docs/ to write (default %(default)s; another name keeps the main page, "
+                             "e.g. PERFORMANCE-full.md for a --full --only preprocessing run)")
     args = parser.parse_args(argv)
+    if not re.fullmatch(r"[A-Za-z0-9_-]+\.md", args.page):
+        parser.error(f"--page {args.page!r}: a file name ending in .md, no directories")
     args.mode = args.mode or "quick"
     only = [name.strip() for item in args.only for name in item.split(",") if name.strip()]
     unknown = sorted(set(only) - set(NAMES))
@@ -185,7 +191,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "raw": runner.raw,
     }
     write_text_atomic(results_path, json.dumps(results, indent=1, default=_jsonable))
-    page = report.write_docs(json.loads(results_path.read_text()))
+    page = report.write_docs(json.loads(results_path.read_text()), args.page)
     _print_summary(runner.figures)
     log.info("results %s; page %s; %.1f min", results_path, page, results["seconds"] / 60)
     return 0

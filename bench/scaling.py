@@ -1,4 +1,5 @@
-"""Figure 6, scaling: time and peak memory of ingest and preprocessing over windows of 1, 2, 4 (8) days.
+"""Figure 6, scaling: time and peak memory of ingest and preprocessing over windows of 1, 2 (quick) or 1, 2, 4, 8
+(full) days.
 
 Ingest: an N-day window is N consecutive days of an ingest pass, and a pass of D days yields floor(D/N) disjoint
 windows — the first N days of a longer run *are* an N-day run, so nothing is extrapolated. Its time is the sum of

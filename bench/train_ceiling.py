@@ -18,9 +18,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import torch
-from torch.nn.parallel import DistributedDataParallel
 
-from models.common.distributed import init_distributed, shutdown_distributed
+from models.common.distributed import average_sparse_gradients, data_parallel, init_distributed, shutdown_distributed
 from models.dlrm.model import Dlrm
 from tasks.feature_spec import FeatureSpec
 
@@ -45,7 +44,7 @@ def random_batches(rows: int, num_numerical: int, cardinalities: Sequence[int]) 
     batches = []
     for _ in range(DISTINCT_BATCHES):
         numerical = torch.randn(rows, num_numerical)
-        categorical = torch.stack([torch.randint(0, int(c), (rows,)) for c in cardinalities], dim=1)
+        categorical = torch.stack([torch.randint(0, int(c), (rows,), dtype=torch.int32) for c in cardinalities], dim=1)
         label = torch.randint(0, 2, (rows,)).float()
         batches.append((numerical, categorical, label))
     return batches
@@ -61,7 +60,9 @@ def main(argv: Sequence[str] | None = None) -> float:
         torch.manual_seed(12345)
         core = Dlrm(spec.get_number_of_numerical_features(), cardinalities, args.bottom_mlp_sizes,
                     args.top_mlp_sizes, sparse_embeddings=True)
-        model = DistributedDataParallel(core) if ctx.is_distributed else core
+        # the trainer's gradient exchange: DDP for the dense layers, the sparse embedding gradients after backward
+        model = data_parallel(core, ctx, [name for name, _ in core.sparse_parameters()]) if ctx.is_distributed else core
+        sparse = [param for _, param in core.sparse_parameters()]
         optimizer = torch.optim.SGD(core.parameters(), lr=args.lr)
         batches = random_batches(args.batch_size // ctx.world_size, spec.get_number_of_numerical_features(),
                                  cardinalities)
@@ -71,6 +72,7 @@ def main(argv: Sequence[str] | None = None) -> float:
             loss = torch.nn.functional.binary_cross_entropy_with_logits(model(numerical, categorical), label)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
+            average_sparse_gradients(sparse, ctx.world_size)
             optimizer.step()
             return loss.detach()
 

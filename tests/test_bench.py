@@ -46,7 +46,7 @@ def test_load_monitor_samples_the_load_for_the_whole_block():
 
 
 def test_quick_pass_covers_the_largest_window_plus_a_test_day():
-    assert QUICK.pass_days == [0, 1, 2, 3, 4]
+    assert QUICK.pass_days == [0, 1, 2]
     assert QUICK.repeats == 3
 
 
@@ -147,3 +147,27 @@ def test_page_names_the_command_machine_load_and_every_figure(tmp_path):
     assert "machine was busy" in page
     assert "| 3 loader | reader | 80.0 (70.0–90.0, n=3) MB/s |" in page and "**0.80**" in page
     assert report.plot_ratios(results["figures"], tmp_path / "ratios.png").stat().st_size > 1000
+
+
+def test_a_second_page_sits_beside_the_main_one(tmp_path, monkeypatch):
+    figure = Figure("2 preprocessing", "rows", "rows/s", Stat(5.0, 4.0, 6.0, 1), "parse", Stat(10.0, 10.0, 10.0, 1),
+                    Stat(0.5, 0.4, 0.6, 1), "medians", "")
+    results = {"command": "bench.run --full --only preprocessing --page PERFORMANCE-full.md", "mode": "full",
+               "only": ["preprocessing"], "started_utc": "2026-01-01T00:00:00+00:00", "seconds": 1.0,
+               "results_path": "r.json", "machine": {"cores": 2, "cpu": "cpu", "ram_bytes": 2**34, "platform": "linux",
+                                                     "versions": {}, "commit": "abc", "dirty": False},
+               "load": {"start": [0.1], "end": [0.1], "max_1min": 0.1}, "rss_method": "psutil", "stages": {},
+               "figures": [figure.to_dict()], "series": {}}
+    monkeypatch.setattr(report, "DOCS_DIR", tmp_path)
+    monkeypatch.setattr(report, "PERF_DIR", tmp_path / "perf")
+    (tmp_path / "PERFORMANCE.md").write_text("the main page")
+    page = report.write_docs(results, "PERFORMANCE-full.md")
+    assert page == tmp_path / "PERFORMANCE-full.md"
+    assert "![performance-full-ratios](perf/performance-full-ratios.png)" in page.read_text()
+    assert (tmp_path / "perf" / "performance-full-ratios.png").is_file()
+    assert not (tmp_path / "perf" / "ratios.png").exists()
+    assert (tmp_path / "PERFORMANCE.md").read_text() == "the main page"
+    assert parse_args(["--page", "PERFORMANCE-full.md"]).page == "PERFORMANCE-full.md"
+    for bad in ("../README.md", "docs/x.md", "x.txt"):
+        with pytest.raises(SystemExit):
+            parse_args(["--page", bad])
