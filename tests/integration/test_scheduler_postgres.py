@@ -13,6 +13,8 @@ import json
 import os
 import re
 import signal
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from datetime import datetime
@@ -28,6 +30,8 @@ from tasks.synthetic_criteo import CriteoDayGenerator, write_criteo_day
 from tests.integration.airflow_cluster import AirflowCluster, airflow_cluster, processes_mentioning
 
 pytestmark = pytest.mark.integration
+
+REPO = Path(__file__).resolve().parents[2]
 
 INGEST, DLRM = "criteo_ingest", "criteo_dlrm"
 ROWS = 2000
@@ -68,6 +72,14 @@ def shared() -> dict:
 
 def data_root(cluster: AirflowCluster) -> Path:
     return Path(cluster.env["RECFLOW_DATA_ROOT"])
+
+
+def api_cli(cluster: AirflowCluster, *args: str) -> subprocess.CompletedProcess:
+    """scripts/airflow_api.py as the README runs it, logged in through the environment."""
+    env = {**os.environ, "AIRFLOW_API_URL": cluster.api_url, "AIRFLOW_API_USER": cluster.username,
+           "AIRFLOW_API_PASSWORD": cluster.password}
+    return subprocess.run([sys.executable, str(REPO / "scripts" / "airflow_api.py"), *args], env=env,
+                          capture_output=True, text=True, timeout=120)
 
 
 def _ts(text: str | None) -> datetime | None:
@@ -126,13 +138,17 @@ def scheduler_overhead(api: AirflowApi, dag_id: str, run_id: str) -> dict:
             "tasks": tasks}
 
 
-def test_invalid_params_are_refused_before_any_run(api):
+def test_invalid_params_are_refused_before_any_run(cluster, api):
     for conf, param, message in (({"day": -1}, "day", "less than the minimum of 0"),
                                  ({"bad_row_budget": 2}, "bad_row_budget", "greater than the maximum of 1")):
         with pytest.raises(ApiError) as refused:
             api.trigger(INGEST, conf)
         assert refused.value.status == 400
         assert f"param {param}" in str(refused.value.detail) and message in str(refused.value.detail)
+    # The README's command line does the same: exit 2, the API's message on stderr.
+    refused_cli = api_cli(cluster, "trigger", INGEST, "--conf", '{"day": -1}')
+    assert refused_cli.returncode == 2 and "HTTP 400" in refused_cli.stderr, refused_cli.stderr
+    assert "less than the minimum of 0" in refused_cli.stderr
     assert api.runs(INGEST) == []
 
 
@@ -149,6 +165,13 @@ def test_manual_ingest_through_the_api(cluster, api):
     validate_log = api.task_log(INGEST, run["dag_run_id"], "validate_raw")
     assert re.search(rf"day_0: {ROWS} rows, 0 bad \(0\.0000%\)", validate_log), validate_log[-3000:]
     assert read_manifest(layout.criteo_stats_day(data_root(cluster), 0))["rows"]["good"] == ROWS
+    # The README's command lines read the same through scripts/airflow_api.py.
+    tasks_cli = api_cli(cluster, "tasks", INGEST, run["dag_run_id"])
+    assert tasks_cli.returncode == 0, tasks_cli.stderr
+    assert {ti["task_id"]: ti["state"] for ti in json.loads(tasks_cli.stdout)} == {
+        ti["task_id"]: ti["state"] for ti in tis}
+    log_cli = api_cli(cluster, "log", INGEST, run["dag_run_id"], "validate_raw", "--try", "1")
+    assert log_cli.returncode == 0 and re.search(rf"day_0: {ROWS} rows, 0 bad", log_cli.stdout), log_cli.stderr
 
     overhead = scheduler_overhead(api, INGEST, run["dag_run_id"])
     print(f"\nSCHEDULER OVERHEAD criteo_ingest manual run: {json.dumps(overhead)}")
