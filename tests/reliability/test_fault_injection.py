@@ -19,6 +19,7 @@ import random
 import re
 import shutil
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -242,6 +243,24 @@ def assert_complete_or_absent(out: Path) -> None:
         assert_manifest_verifies(out)
 
 
+def killed_then_retried(golden: Golden, tmp_path: Path, step: str, seed: int,
+                        output: Callable[[Path], Path]) -> tuple[Path, Path, Path, Attempt]:
+    """Kill `step` at the seed's point in a fresh root, check its output is complete or absent, retry it.
+    Returns (output, the clean run's output, the root, the retry)."""
+    root = seed_root(golden, tmp_path, step)
+    out = output(root)
+    kill_step(golden, step, seed, root)
+    assert_complete_or_absent(out)
+    attempt = retry(golden, step, root)
+    return out, output(golden.root), root, attempt
+
+
+def assert_same_manifest_but_file_list(out: Path, root: Path, clean_out: Path, clean_root: Path) -> None:
+    """Manifests equal but for the file list (Spark names its part files at random)."""
+    got, want = normalised_manifest(out, root), normalised_manifest(clean_out, clean_root)
+    assert {k: v for k, v in got.items() if k != "files"} == {k: v for k, v in want.items() if k != "files"}
+
+
 # ---- criteo_ingest ------------------------------------------------------------------------------------------------
 
 
@@ -310,19 +329,12 @@ def report_content(directory: Path) -> dict:
 @pytest.mark.spark
 @pytest.mark.parametrize("seed", SEEDS["day_stats"])
 def test_day_stats_killed_then_retried(golden, tmp_path, seed):
-    day = TRAIN_DAYS[0]
-    root = seed_root(golden, tmp_path, "day_stats")
-    out = layout.criteo_stats_day(root, day)
-    kill_step(golden, "day_stats", seed, root)
-    assert_complete_or_absent(out)
-
-    attempt = retry(golden, "day_stats", root)
-    clean_out = layout.criteo_stats_day(golden.root, day)
+    out, clean_out, root, attempt = killed_then_retried(
+        golden, tmp_path, "day_stats", seed, lambda root: layout.criteo_stats_day(root, TRAIN_DAYS[0]))
     assert attempt.result["rows"] == ROWS
     for part in ("columnar", "counts"):
         assert parquet_rows(out / part).equals(parquet_rows(clean_out / part)), part
-    got, want = normalised_manifest(out, root), normalised_manifest(clean_out, golden.root)
-    assert {k: v for k, v in got.items() if k != "files"} == {k: v for k, v in want.items() if k != "files"}
+    assert_same_manifest_but_file_list(out, root, clean_out, golden.root)
 
 
 # ---- criteo_dlrm: preprocessing -----------------------------------------------------------------------------------
@@ -335,31 +347,20 @@ def run_dir(root: Path) -> Path:
 @pytest.mark.spark
 @pytest.mark.parametrize("seed", SEEDS["dictionary"])
 def test_dictionary_killed_then_retried(golden, tmp_path, seed):
-    root = seed_root(golden, tmp_path, "dictionary")
-    out = run_dir(root) / "dictionary"
-    kill_step(golden, "dictionary", seed, root)
-    assert_complete_or_absent(out)
-
-    retry(golden, "dictionary", root)
-    clean_out = run_dir(golden.root) / "dictionary"
+    out, clean_out, root, _ = killed_then_retried(golden, tmp_path, "dictionary", seed,
+                                                  lambda root: run_dir(root) / "dictionary")
     for name in ("cardinalities.json", "model_size.json"):
         assert (out / name).read_bytes() == (clean_out / name).read_bytes(), name
     # Ids are assigned by (count desc, value): the same rows whatever the partitioning; files are Spark-named.
     assert parquet_rows(out / "dictionary").equals(parquet_rows(clean_out / "dictionary"))
-    got, want = normalised_manifest(out, root), normalised_manifest(clean_out, golden.root)
-    assert {k: v for k, v in got.items() if k != "files"} == {k: v for k, v in want.items() if k != "files"}
+    assert_same_manifest_but_file_list(out, root, clean_out, golden.root)
 
 
 @pytest.mark.spark
 @pytest.mark.parametrize("seed", SEEDS["transform"])
 def test_transform_killed_then_retried(golden, tmp_path, seed):
-    root = seed_root(golden, tmp_path, "transform")
-    out = run_dir(root) / "dataset"
-    kill_step(golden, "transform", seed, root)
-    assert_complete_or_absent(out)
-
-    retry(golden, "transform", root)
-    clean_out = run_dir(golden.root) / "dataset"
+    out, clean_out, root, _ = killed_then_retried(golden, tmp_path, "transform", seed,
+                                                  lambda root: run_dir(root) / "dataset")
     # The split-binary files and the FeatureSpec are written in order by the driver: byte-identical.
     digests = file_digests(out, exclude=(re.escape(MANIFEST_NAME),))
     assert digests == file_digests(clean_out, exclude=(re.escape(MANIFEST_NAME),))
