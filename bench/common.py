@@ -174,6 +174,40 @@ def cpu_seconds() -> float:
     return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
 
 
+def machine_cpu_seconds() -> dict[str, float]:
+    """CPU time the whole machine has spent so far, all cores: busy (user, nice, system, irq, softirq) and steal
+    (time the hypervisor gave this VM's cores to someone else)."""
+    import psutil
+
+    times = psutil.cpu_times()
+    busy = sum(getattr(times, name, 0.0) for name in ("user", "nice", "system", "irq", "softirq"))
+    return {"busy": busy, "steal": getattr(times, "steal", 0.0)}
+
+
+class OtherWork:
+    """How much CPU the rest of the machine used while a block ran: the machine's busy CPU time minus this process's
+    and its waited-for descendants' (`cpu_seconds`). The load average cannot tell: a run that keeps both cores busy
+    shows a load of ~2 on its own. (A descendant nobody waits for, e.g. a daemon left behind, counts as other work.)"""
+
+    def __enter__(self) -> OtherWork:
+        self._machine, self._own, self._clock = machine_cpu_seconds(), cpu_seconds(), time.monotonic()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        machine, own = machine_cpu_seconds(), cpu_seconds()
+        self.wall_s = time.monotonic() - self._clock
+        self.own_cpu_s = own - self._own
+        self.other_cpu_s = max(0.0, machine["busy"] - self._machine["busy"] - self.own_cpu_s)
+        self.steal_cpu_s = machine["steal"] - self._machine["steal"]
+
+    def summary(self) -> dict[str, float]:
+        capacity = max(self.wall_s * (os.cpu_count() or 1), 1e-9)
+        return {"own_cpu_s": round(self.own_cpu_s, 1), "other_cpu_s": round(self.other_cpu_s, 1),
+                "steal_cpu_s": round(self.steal_cpu_s, 1),
+                "other_share": round(self.other_cpu_s / capacity, 3),
+                "steal_share": round(self.steal_cpu_s / capacity, 3)}
+
+
 class Stage:
     """Logs a stage's start and end with its duration, CPU time and the load average (the machine may be shared)."""
 

@@ -83,6 +83,9 @@ def _table(figures: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
+BUSY_SHARE = 0.10  # other work + steal above this share of the cores: figures are flagged
+
+
 def _machine(results: dict[str, Any]) -> list[str]:
     machine, load = results["machine"], results["load"]
     cores = machine["cores"] or 1
@@ -96,10 +99,19 @@ def _machine(results: dict[str, Any]) -> list[str]:
              f"- run: {results['mode']} mode, {results['started_utc']} UTC, {results['seconds'] / 60:.1f} min wall, "
              f"{results.get('cpu_seconds', 0) / 60:.1f} min of CPU (this process and its children; on a quiet "
              f"machine the wall time lies between CPU / cores and CPU); raw results: `{results['results_path']}`"]
-    if load["max_1min"] > 0.5 * cores:
-        lines.append(f"\n**The machine was busy while this ran** (1-min load up to {load['max_1min']} on {cores} "
-                     "cores, from other work): absolute figures are slower and noisier than on a quiet machine. "
-                     "Ratios of sides measured interleaved are less affected, but not immune.")
+    if "other_share" in load:
+        lines.append(f"- other work on the machine during the run: {load['other_cpu_s']} CPU s, "
+                     f"{load['other_share']:.0%} of its {cores} cores (this run: {load['own_cpu_s']} CPU s); "
+                     f"hypervisor steal {load['steal_share']:.0%}")
+        busy = load["other_share"] + load["steal_share"] > BUSY_SHARE
+        why = (f"other work took {load['other_share']:.0%} of the cores and steal "
+               f"{load['steal_share']:.0%}") if busy else ""
+    else:  # results written before other work was measured: the load average includes this run's own work
+        busy = load["max_1min"] > 0.5 * cores
+        why = f"1-min load up to {load['max_1min']} on {cores} cores, this run's own work included"
+    if busy:
+        lines.append(f"\n**The machine was busy while this ran** ({why}): absolute figures are slower and noisier "
+                     "than on a quiet machine. Ratios of sides measured interleaved are less affected, but not immune.")
     return lines
 
 

@@ -26,8 +26,8 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from bench import ingest, loader, orchestration, preprocessing, report, scaling, training
-from bench.common import (CACHE_DIR, MODES, REPO, RESULTS_DIR, Figure, LoadMonitor, Mode, Stage, cpu_seconds,
-                          load_average, log, machine_info)
+from bench.common import (CACHE_DIR, MODES, REPO, RESULTS_DIR, Figure, LoadMonitor, Mode, OtherWork, Stage,
+                          cpu_seconds, load_average, log, machine_info)
 from bench.proc import RSS_METHOD
 from tasks.storage import write_text_atomic
 
@@ -167,9 +167,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     log.info("bench %s (%s): %s; load %s", mode.name, ", ".join(selected), _plan(mode, selected), load_start)
     runner = Runner(mode, selected, work_dir)
     clock = time.monotonic()
-    monitor = LoadMonitor()
+    monitor, other = LoadMonitor(), OtherWork()
     try:
-        with monitor:
+        with monitor, other:
             runner.run()
     finally:
         logs = work_dir / "logs"
@@ -186,7 +186,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "seconds": round(time.monotonic() - clock, 1), "cpu_seconds": round(cpu_seconds(), 1),
         "results_path": str(results_path.relative_to(REPO)),
         "machine": machine_info(), "settings": asdict(mode), "rss_method": RSS_METHOD,
-        "load": {"start": load_start, "end": load_end, **monitor.summary()},
+        "load": {"start": load_start, "end": load_end, **monitor.summary(), **other.summary()},
         "stages": runner.stages, "figures": [f.to_dict() for f in runner.figures], "series": runner.series,
         "raw": runner.raw,
     }

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from bench import report, scaling
-from bench.common import QUICK, Figure, LoadMonitor, Stat, paired_ratio, ratio_of
+from bench.common import QUICK, Figure, LoadMonitor, OtherWork, Stat, paired_ratio, ratio_of
 from bench.floors import parse_seconds, read_seconds
 from bench.ingest import DayRecord, IngestData, IngestPass
 from bench.proc import ChildFailed, ChildRun, rss_by_name, run_child
@@ -147,6 +147,38 @@ def test_page_names_the_command_machine_load_and_every_figure(tmp_path):
     assert "machine was busy" in page
     assert "| 3 loader | reader | 80.0 (70.0–90.0, n=3) MB/s |" in page and "**0.80**" in page
     assert report.plot_ratios(results["figures"], tmp_path / "ratios.png").stat().st_size > 1000
+
+
+def test_busy_means_other_work_not_the_runs_own_load():
+    results = {"command": "bench.run", "mode": "quick", "started_utc": "2026-01-01T00:00:00+00:00", "seconds": 100.0,
+               "cpu_seconds": 190.0, "results_path": "r.json",
+               "machine": {"cores": 2, "cpu": "cpu", "ram_bytes": 2**34, "platform": "linux", "versions": {},
+                           "commit": "abc", "dirty": False}}
+    # Both cores busy with the run itself: a load of 2, yet nothing else ran.
+    quiet = {"start": [0.1], "end": [2.0], "max_1min": 2.3, "mean_1min": 1.9, "own_cpu_s": 190.0,
+             "other_cpu_s": 4.0, "steal_cpu_s": 0.0, "other_share": 0.02, "steal_share": 0.0}
+    page = "\n".join(report._machine({**results, "load": quiet}))
+    assert "machine was busy" not in page and "4.0 CPU s, 2% of its 2 cores" in page
+    shared = {**quiet, "other_cpu_s": 60.0, "other_share": 0.3}
+    assert "other work took 30% of the cores" in "\n".join(report._machine({**results, "load": shared}))
+
+
+def test_other_work_counts_a_process_this_run_did_not_start():
+    import subprocess
+    import sys
+
+    with OtherWork() as own_only:
+        sum(i * i for i in range(3_000_000))
+    # A busy process that is not a descendant: started in its own session and never waited for by this block.
+    spin = "import time\nt = time.monotonic()\nwhile time.monotonic() - t < 1.5: pass"
+    spinner = subprocess.Popen([sys.executable, "-c", spin], start_new_session=True)
+    try:
+        with OtherWork() as with_other:
+            time.sleep(1.0)
+    finally:
+        spinner.wait()
+    assert own_only.own_cpu_s > 0.05 and own_only.other_cpu_s < own_only.own_cpu_s + 0.5
+    assert with_other.own_cpu_s < 0.1 and with_other.other_cpu_s > 0.5, with_other.summary()
 
 
 def test_a_second_page_sits_beside_the_main_one(tmp_path, monkeypatch):
