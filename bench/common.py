@@ -154,6 +154,10 @@ def _git(*args: str) -> str:
         return ""
 
 
+# What the harness itself writes: a previous run's uncommitted page does not make the measured code dirty.
+OUTPUTS = (":(exclude)docs/PERFORMANCE*.md", ":(exclude)docs/perf", ":(exclude)bench/results")
+
+
 def machine_info() -> dict[str, Any]:
     """Cores, RAM, CPU model, library versions and the code's commit (read-only git)."""
     versions = {"python": platform.python_version()}
@@ -165,7 +169,7 @@ def machine_info() -> dict[str, Any]:
             versions[name] = "missing"
     return {"cores": os.cpu_count(), "ram_bytes": _meminfo_bytes(), "cpu": _cpu_model(),
             "platform": platform.platform(), "versions": versions,
-            "commit": _git("rev-parse", "--short", "HEAD"), "dirty": bool(_git("status", "--porcelain"))}
+            "commit": _git("rev-parse", "--short", "HEAD"), "dirty": bool(_git("status", "--porcelain", "--", ".", *OUTPUTS))}
 
 
 def cpu_seconds() -> float:
