@@ -168,7 +168,9 @@ def test_other_work_counts_a_process_this_run_did_not_start():
     import sys
 
     with OtherWork() as own_only:
+        started = time.process_time()
         sum(i * i for i in range(3_000_000))
+        spent = time.process_time() - started
     # A busy process that is not a descendant: started in its own session and never waited for by this block.
     spin = "import time\nt = time.monotonic()\nwhile time.monotonic() - t < 1.5: pass"
     spinner = subprocess.Popen([sys.executable, "-c", spin], start_new_session=True)
@@ -177,7 +179,8 @@ def test_other_work_counts_a_process_this_run_did_not_start():
             time.sleep(1.0)
     finally:
         spinner.wait()
-    assert own_only.own_cpu_s > 0.05 and own_only.other_cpu_s < own_only.own_cpu_s + 0.5
+    # This process's own work is counted as its own (not as other work, whatever else the machine runs).
+    assert spent > 0.05 and own_only.own_cpu_s >= 0.9 * spent
     assert with_other.own_cpu_s < 0.1 and with_other.other_cpu_s > 0.5, with_other.summary()
 
 
