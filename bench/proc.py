@@ -68,7 +68,7 @@ class ChildRun:
         return before[-1] if before else 0
 
 
-def _tree(root: psutil.Process) -> dict[int, tuple[int, int, int, str]]:
+def process_tree(root: psutil.Process) -> dict[int, tuple[int, int, int, str]]:
     """pid -> (ppid, rss, vms, name) of root and all its descendants."""
     seen: dict[int, tuple[int, int, int, str]] = {}  # pid -> (ppid, rss, vms, name)
     try:
@@ -108,7 +108,7 @@ def _sample(pid: int, run: ChildRun, stop: threading.Event) -> None:
         return
     peak = 0
     while not stop.is_set():
-        tree = _tree(root)
+        tree = process_tree(root)
         by_name = rss_by_name(tree)
         rss = sum(by_name.values())
         if rss:

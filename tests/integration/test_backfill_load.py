@@ -25,6 +25,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from bench.proc import process_tree, rss_by_name
 from scripts.airflow_api import AirflowApi
 from tasks import layout
 from tasks.storage import read_manifest
@@ -52,19 +53,16 @@ class TreeMemory:
         self._thread = threading.Thread(target=self._run, name="tree-memory", daemon=True)
 
     def sample(self) -> tuple[float, int]:
+        """(MB, processes) now, measured as the benchmarks measure a tree (bench.proc: a child caught between
+        vfork and exec, which shares its parent's memory, is not counted twice)."""
         total, count = 0, 0
         for root in self.roots:
             try:
-                parent = psutil.Process(root)
-                tree = [parent, *parent.children(recursive=True)]
+                tree = process_tree(psutil.Process(root))
             except psutil.NoSuchProcess:
                 continue
-            for proc in tree:
-                try:
-                    total += proc.memory_info().rss
-                    count += 1
-                except psutil.NoSuchProcess:
-                    continue
+            total += sum(rss_by_name(tree).values())
+            count += len(tree)
         return total / 2**20, count
 
     def _run(self) -> None:
