@@ -1,7 +1,7 @@
 """Benchmark inputs, generated once into bench/.cache/ with the project's own generators and reused.
 
-  criteo/<rows>/day_N        synthetic Criteo days (tasks.synthetic_criteo), plus day_N.synthetic.json (rows, seed)
-  split_binary/<rows>/       a Criteo-shaped split-binary dataset (models.dlrm.synthetic via tasks.split_binary):
+  criteo/<rows>/day_N        synthetic Criteo days (tasks.criteo.synthetic), plus day_N.synthetic.json (rows, seed)
+  split_binary/<rows>/       a Criteo-shaped split-binary dataset (models.dlrm.synthetic via tasks.formats.split_binary):
                              13 numericals, 26 categoricals with synthetic_criteo's vocabulary sizes
   airflow-template/          an AIRFLOW_HOME whose SQLite DB is migrated once; each ingest pass copies it
 """
@@ -16,14 +16,14 @@ import sys
 from pathlib import Path
 
 from bench.common import CACHE_DIR, REPO, SEED, log
-from tasks.criteo_schema import NUM_INT_FEATURES
+from tasks.criteo.schema import NUM_INT_FEATURES
 
 LOADER_TEST_ROWS = 16_384
 
 
 def criteo_days(rows: int, days: list[int]) -> Path:
     """Directory holding day_0..day_N of `rows` rows each (written only if missing or different)."""
-    from tasks.synthetic_criteo import ensure_days
+    from tasks.criteo.synthetic import ensure_days
 
     directory = CACHE_DIR / "criteo" / str(rows)
     log.info("synthetic Criteo days %s (%d rows) in %s", days, rows, directory)
@@ -33,7 +33,7 @@ def criteo_days(rows: int, days: list[int]) -> Path:
 def split_binary_dataset(rows: int) -> Path:
     """A Criteo-shaped split-binary dataset with `rows` training rows (written once)."""
     from models.dlrm.synthetic import make_synthetic_dataset
-    from tasks.synthetic_criteo import VOCAB_SIZES
+    from tasks.criteo.synthetic import VOCAB_SIZES
 
     directory = CACHE_DIR / "split_binary" / str(rows)
     stamp = directory / "bench.json"

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tasks.criteo_schema import RAW_COLUMNS
+from tasks.criteo.schema import RAW_COLUMNS
 
 
 def parse_seconds(path: Path, threads: bool = True) -> tuple[int, float]:

@@ -29,7 +29,7 @@ MIN_SAMPLE_S = 0.5
 def loader_pass(dataset_dir: Path, batch_size: int, depth: int, raw: bool = False) -> tuple[int, int, float]:
     """(batches, bytes, seconds) of reading every batch of the train mapping through PrefetchingReader."""
     from models.dlrm.data import PrefetchingReader, SplitBinaryDataset
-    from tasks.feature_spec import FeatureSpec
+    from tasks.formats.feature_spec import FeatureSpec
 
     spec = FeatureSpec.from_yaml(dataset_dir / "feature_spec.yaml")
     with SplitBinaryDataset(spec, "train", batch_size) as dataset:

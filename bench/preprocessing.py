@@ -1,6 +1,6 @@
 """Figure 2, preprocessing: dictionary + transform + split-binary writing rows/s against the same parse floor.
 
-A preprocessing run is build_dictionary then transform_dataset (tasks.criteo_preprocess; two spark-submits) over
+A preprocessing run is build_dictionary then transform_dataset (tasks.criteo.preprocess; two spark-submits) over
 a window of N train days plus one test day, reading the day_stats outputs of the first ingest pass, in a child
 process whose tree the parent samples for memory. Rows/s counts every input row (train days and test day: all of
 them are transformed and written). Each window runs mode.spark_repeats times, each time into a fresh output dir.

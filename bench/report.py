@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import DOCS_DIR, PERF_DIR, REPO
-from tasks.storage import atomic_file, write_text_atomic
+from tasks.core.storage import atomic_file, write_text_atomic
 
 METHOD = """\
 How to read it: every value is the median of its samples, with the spread (min-max) and the number of samples n.

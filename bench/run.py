@@ -29,7 +29,7 @@ from bench import ingest, loader, orchestration, preprocessing, report, scaling,
 from bench.common import (CACHE_DIR, MODES, REPO, RESULTS_DIR, Figure, LoadMonitor, Mode, OtherWork, Stage,
                           cpu_seconds, load_average, log, machine_info)
 from bench.proc import RSS_METHOD
-from tasks.storage import write_text_atomic
+from tasks.core.storage import write_text_atomic
 
 NAMES = ("ingest", "preprocessing", "loader", "training", "orchestration", "scaling")
 NEEDS_INGEST = {"ingest", "orchestration", "scaling", "preprocessing"}

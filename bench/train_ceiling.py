@@ -19,9 +19,9 @@ from pathlib import Path
 
 import torch
 
-from models.common.distributed import average_sparse_gradients, data_parallel, init_distributed, shutdown_distributed
+from models.torchkit.distributed import average_sparse_gradients, data_parallel, init_distributed, shutdown_distributed
 from models.dlrm.model import Dlrm
-from tasks.feature_spec import FeatureSpec
+from tasks.formats.feature_spec import FeatureSpec
 
 DISTINCT_BATCHES = 4  # cycled, so every step looks rows up in more than one place
 

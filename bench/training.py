@@ -46,7 +46,7 @@ def trainer_rate(train_log: Path, shape: TrainShape) -> float:
 
 
 def run_trainer(dataset: Path, out: Path, nproc: int, threads: int, shape: TrainShape, log_path: Path) -> float:
-    from tasks.training import TRAIN_MODULE, config_args, torchrun_command
+    from tasks.core.launch import config_args, torchrun_command
 
     shutil.rmtree(out, ignore_errors=True)  # a leftover checkpoint would make the trainer resume
     config = {"dataset_dir": str(dataset), "output_dir": str(out), "device": "cpu", "batch_size": shape.batch_size,
@@ -54,14 +54,14 @@ def run_trainer(dataset: Path, out: Path, nproc: int, threads: int, shape: Train
               "limit_train_batches": shape.warmup_steps + shape.measured_steps,
               "log_every_steps": shape.log_every_steps, "checkpoint_every_steps": 0, "keep_checkpoints": 1,
               "eval_batch_size": 4096, "limit_eval_batches": 1, "torch_threads": threads}
-    run_child(torchrun_command(nproc, TRAIN_MODULE, config_args(config)), log_path, env=_env(threads), cwd=REPO)
+    run_child(torchrun_command(nproc, "models.dlrm.train", config_args(config)), log_path, env=_env(threads), cwd=REPO)
     rate = trainer_rate(out / "train_log.jsonl", shape)
     shutil.rmtree(out)
     return rate
 
 
 def run_ceiling(dataset: Path, out: Path, nproc: int, threads: int, shape: TrainShape, log_path: Path) -> float:
-    from tasks.training import torchrun_command
+    from tasks.core.launch import torchrun_command
 
     result = out.with_suffix(".json")
     args = ["--dataset_dir", str(dataset), "--batch_size", str(shape.batch_size),

@@ -28,16 +28,16 @@ from bench.common import REPO
 
 # (module, function): what the ingest figures time inside the DAG's tasks
 TIMED_FUNCTIONS = (
-    ("tasks.criteo_ingest", "download_day"),
-    ("tasks.criteo_ingest", "validate_day"),
-    ("tasks.criteo_ingest", "day_stats"),
-    ("tasks.raw_validation", "validate_raw_file"),
-    ("tasks.gx_suites", "run_raw_suite"),
+    ("tasks.criteo.ingest", "download_day"),
+    ("tasks.criteo.ingest", "validate_day"),
+    ("tasks.criteo.ingest", "day_stats"),
+    ("tasks.criteo.raw_validation", "validate_raw_file"),
+    ("tasks.criteo.gx_suite", "run_raw_suite"),
 )
 DAG_EPOCH = datetime(2026, 1, 1, tzinfo=timezone.utc)
 # Imported before the first day, so day 0 is not charged the one-off import of GX / pyarrow / boto3 that later days
 # (in this one process) skip. A real Airflow worker pays them in every task process; that start-up is not timed here.
-WARM_IMPORTS = ("tasks.download", "tasks.raw_validation", "tasks.gx_suites", "tasks.spark_submit", "pyarrow.csv",
+WARM_IMPORTS = ("tasks.core.download", "tasks.criteo.raw_validation", "tasks.criteo.gx_suite", "tasks.core.spark_submit", "pyarrow.csv",
                 "pyarrow.compute", "great_expectations")
 
 
@@ -89,8 +89,8 @@ def ingest_pass(days: Sequence[int]) -> dict[str, Any]:
 
 def preprocess(data_root: Path, train_days: list[int], test_day: int, out_dir: Path) -> dict[str, Any]:
     """Dictionary + transform (split binary + feature spec) of one window, each step timed."""
-    from tasks.config import Settings
-    from tasks.criteo_preprocess import build_dictionary, transform_dataset
+    from tasks.core.config import Settings
+    from tasks.criteo.preprocess import build_dictionary, transform_dataset
 
     settings = Settings(data_root=data_root)
     start = time.monotonic()

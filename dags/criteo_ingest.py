@@ -14,10 +14,10 @@ from __future__ import annotations
 
 from airflow.sdk import CronDataIntervalTimetable, Param, dag, task
 
-from tasks.dag_support import (
-    CRITEO_DAY_STATS, DEFAULT_ARGS, SPARK_TASK, criteo_day, epoch_datetime, fail_without_retry, spark_master,
-)
-from tasks.config import load_settings
+from tasks.core.config import load_settings
+from tasks.criteo.dagkit import CRITEO_DAY_STATS, criteo_day
+from tasks.criteo.settings import load_criteo_settings
+from tasks.dagkit import DEFAULT_ARGS, SPARK_TASK, fail_without_retry, spark_master
 
 
 @dag(
@@ -25,7 +25,7 @@ from tasks.config import load_settings
     # A data-interval timetable: the run that fires at midnight has the day that just ended as its logical date
     # (with "@daily", Airflow 3 would give it the day that just started, whose file is not complete yet).
     schedule=CronDataIntervalTimetable("@daily", timezone="UTC"),
-    start_date=epoch_datetime(),
+    start_date=load_criteo_settings().epoch_datetime,
     catchup=False,
     max_active_runs=3,
     default_args=DEFAULT_ARGS,
@@ -34,13 +34,13 @@ from tasks.config import load_settings
     params={
         "day": Param(None, type=["null", "integer"], minimum=0, maximum=10_000, title="Criteo day",
                      description="Day index to ingest; empty = derived from the logical date."),
-        "source_url": Param("", type="string", maxLength=2048, pattern=r"^$|^(file|https?|s3)://[^\s;|&$`]+$",
+        "source_url": Param(None, type=["null", "string"], maxLength=2048, pattern=r"^(file|https?|s3)://[^\s;|&$`]+$",
                             title="Source URL",
                             description="Overrides the configured source template for this run (file://, "
                                         "http(s)://, s3://). Empty = RECFLOW_CRITEO_SOURCE with {day}. file:// "
                                         "paths must lie under RECFLOW_FILE_SOURCE_ROOTS (default: the data root "
                                         "and the configured source folder)."),
-        "expected_sha256": Param("", type="string", pattern=r"^$|^[0-9a-f]{64}$", title="Expected sha256",
+        "expected_sha256": Param(None, type=["null", "string"], pattern=r"^[0-9a-f]{64}$", title="Expected sha256",
                                  description="Checksum of the source file; empty = not checked."),
         "bad_row_budget": Param(0.001, type="number", minimum=0, maximum=1, title="Bad-row budget",
                                 description="Fraction of malformed rows tolerated (quarantined) before failing."),
@@ -51,17 +51,17 @@ from tasks.config import load_settings
 def criteo_ingest():
     @task
     def download(**context) -> dict:
-        from tasks.criteo_ingest import download_day
+        from tasks.criteo.ingest import download_day
 
         settings = load_settings()
         params = context["params"]
-        return download_day(settings, criteo_day(context, settings), source=params["source_url"] or None,
+        return download_day(settings, criteo_day(context), source=params["source_url"] or None,
                             expected_sha256=params["expected_sha256"] or None, aws_conn_id=params["aws_conn_id"])
 
     @task
     def validate_raw(downloaded: dict, **context) -> dict:
-        from tasks.criteo_ingest import validate_day
-        from tasks.raw_validation import DataQualityError
+        from tasks.criteo.ingest import validate_day
+        from tasks.criteo.raw_validation import DataQualityError
 
         settings = load_settings()
         validate = fail_without_retry(DataQualityError)(validate_day)
@@ -69,7 +69,7 @@ def criteo_ingest():
 
     @task(**SPARK_TASK, outlets=[CRITEO_DAY_STATS])
     def day_stats(validated: dict, **context) -> dict:
-        from tasks.criteo_ingest import day_stats as compute_day_stats
+        from tasks.criteo.ingest import day_stats as compute_day_stats
 
         result = compute_day_stats(load_settings(), validated["day"], spark_master=spark_master())
         context["outlet_events"][CRITEO_DAY_STATS].extra = {"day": result["day"], "rows": result["rows"],

@@ -19,9 +19,10 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from tasks import layout  # noqa: E402
-from tasks.config import load_settings  # noqa: E402
-from tasks.synthetic_criteo import ensure_days  # noqa: E402
+from tasks.criteo import layout as criteo_layout  # noqa: E402
+from tasks.core.config import load_settings  # noqa: E402
+from tasks.criteo.settings import load_criteo_settings  # noqa: E402
+from tasks.criteo.synthetic import ensure_days  # noqa: E402
 
 sys.path.insert(0, str(REPO / "scripts"))
 from run_dag import run_dag  # noqa: E402
@@ -42,15 +43,15 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
     settings = load_settings()
-    source_dir = Path(settings.criteo_source_template.removeprefix("file://")).parent
-    if settings.criteo_source:
-        print(f"using configured source {settings.criteo_source}")
+    criteo = load_criteo_settings()
+    source_dir = Path(criteo.source_template(settings.data_root).removeprefix("file://")).parent
+    if criteo.source:
+        print(f"using configured source {criteo.source}")
     else:
         print(f"writing {args.days} synthetic Criteo days of {args.rows} rows to {source_dir}")
         ensure_days(source_dir, range(args.days), args.rows, args.seed)
 
-    epoch = datetime(settings.criteo_epoch.year, settings.criteo_epoch.month, settings.criteo_epoch.day,
-                     tzinfo=timezone.utc)
+    epoch = criteo.epoch_datetime
     summary = []
     start = time.monotonic()
     for day in range(args.days):
@@ -77,9 +78,9 @@ def main(argv: list[str] | None = None) -> int:
     print("\noutputs:")
     root = settings.data_root
     for day, *_ in summary:
-        print(f"  day {day}: raw {layout.criteo_raw_day(root, day)}")
-        print(f"         validated {layout.criteo_validated_day(root, day)} (report.json, quarantine.jsonl)")
-        print(f"         stats {layout.criteo_stats_day(root, day)} (columnar/, counts/, _MANIFEST.json)")
+        print(f"  day {day}: raw {criteo_layout.raw_day(root, day)}")
+        print(f"         validated {criteo_layout.validated_day(root, day)} (report.json, quarantine.jsonl)")
+        print(f"         stats {criteo_layout.stats_day(root, day)} (columnar/, counts/, _MANIFEST.json)")
     print(f"Airflow metadata DB and logs: {os.environ.get('AIRFLOW_HOME', '~/airflow')}")
     return 0 if ingest_ok and (training is None or training["state"] == "success") else 1
 
@@ -90,8 +91,8 @@ def print_tasks(tasks: dict) -> None:
 
 
 def print_training_outcome(settings, training: dict) -> None:
-    from tasks.criteo_dlrm import run_paths
-    from tasks.publish import latest_version
+    from tasks.criteo.dlrm import run_paths
+    from tasks.release.publish import latest_version
 
     paths = run_paths(settings, training["run_id"])
     metrics_file = paths.evaluation / "metrics.json"

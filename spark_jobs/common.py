@@ -9,7 +9,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TypeVar
 
-from tasks.process import ERROR_MARKER
+from tasks.core.process import ERROR_MARKER
 
 T = TypeVar("T")
 log = logging.getLogger("recflow.spark")
@@ -37,7 +37,7 @@ def _exit_on_sigterm(signum, frame) -> None:
 
 
 def run_job(main: Callable[[Sequence[str]], T], argv: Sequence[str]) -> T:
-    """Run a job's main; on failure print one marked line the task log (and tasks.process) can pick up."""
+    """Run a job's main; on failure print one marked line the task log (and tasks.core.process) can pick up."""
     start = time.monotonic()
     # A stopped job (its task's SIGTERM to the process group) unwinds instead of vanishing, so atomic_directory
     # removes its half-written temporary output; Python's default SIGTERM action runs no cleanup.

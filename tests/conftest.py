@@ -15,7 +15,7 @@ CRITEO_SAMPLE = REPO / "tests" / "data" / "criteo_sample_100.tsv"
 def airflow_test_env(home: Path, data: Path, **extra: str) -> dict[str, str]:
     """The environment of an Airflow child process (scripts/run_dag.py, the CLI) isolated in `home` and `data`."""
     return {**os.environ, "AIRFLOW_HOME": str(home), "RECFLOW_DATA_ROOT": str(data), "RECFLOW_RETRY_DELAY_S": "1",
-            "AIRFLOW__CORE__LOAD_EXAMPLES": "False", "AIRFLOW__CORE__DAGS_FOLDER": str(REPO / "dags"),
+            "RECFLOW_PROFILE": "demo", "RECFLOW_TRAIN_DEVICE": "cpu", "AIRFLOW__CORE__LOAD_EXAMPLES": "False", "AIRFLOW__CORE__DAGS_FOLDER": str(REPO / "dags"),
             "PYTHONPATH": str(REPO), "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}", **extra}
 
 

@@ -1,4 +1,4 @@
-"""tasks.config: environment overrides of Settings and the Criteo day index of a logical date."""
+"""tasks.core.config and tasks.criteo.settings: environment overrides and the Criteo day index of a logical date."""
 
 from __future__ import annotations
 
@@ -7,17 +7,21 @@ from pathlib import Path
 
 import pytest
 
-from tasks.config import REPO_ROOT, Settings, criteo_day_index, load_settings
+from tasks.core.config import REPO_ROOT, Settings, load_settings
+from tasks.criteo.settings import CriteoSettings, criteo_day_index, load_criteo_settings
 
 
 def test_defaults_with_empty_environment() -> None:
     settings = load_settings({})
     assert settings == Settings()
     assert settings.data_root == REPO_ROOT / "data"
-    assert settings.criteo_epoch == date(2026, 1, 1)
     assert settings.bad_row_budget == 0.001
     assert settings.spark_profile == "local"
-    assert settings.criteo_source_template == (REPO_ROOT / "data" / "criteo" / "source").as_uri() + "/day_{day}"
+    assert (settings.profile, settings.train_device, settings.train_nproc) == ("full", "auto", 1)
+    criteo = load_criteo_settings({})
+    assert criteo == CriteoSettings() and criteo.epoch == date(2026, 1, 1)
+    assert criteo.source_template(settings.data_root) == (
+        (REPO_ROOT / "data" / "criteo" / "source").as_uri() + "/day_{day}")
 
 
 def test_environment_overrides(tmp_path: Path) -> None:
@@ -27,21 +31,27 @@ def test_environment_overrides(tmp_path: Path) -> None:
         "RECFLOW_CRITEO_SOURCE": "s3://bucket/criteo/day_{day}.gz",
         "RECFLOW_BAD_ROW_BUDGET": "0.05",
         "RECFLOW_SPARK_PROFILE": "gpu",
+        "RECFLOW_PROFILE": "demo",
+        "RECFLOW_TRAIN_DEVICE": "cuda",
+        "RECFLOW_TRAIN_NPROC": "8",
     }
     settings = load_settings(env)
     assert settings.data_root == (tmp_path / "root").resolve()
-    assert settings.criteo_epoch == date(2025, 3, 1)
-    assert settings.criteo_source == "s3://bucket/criteo/day_{day}.gz"
-    assert settings.criteo_source_template == "s3://bucket/criteo/day_{day}.gz"
     assert settings.bad_row_budget == 0.05
     assert settings.spark_profile == "gpu"
+    assert (settings.profile, settings.train_device, settings.train_nproc) == ("demo", "cuda", 8)
+    criteo = load_criteo_settings(env)
+    assert criteo.epoch == date(2025, 3, 1)
+    assert criteo.source_template(settings.data_root) == "s3://bucket/criteo/day_{day}.gz"
+    # An s3 source adds no local folder to the roots a file:// source may read.
+    assert criteo.allowed_file_roots(settings) == (settings.data_root,)
 
 
 def test_data_root_is_made_absolute(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
     settings = load_settings({"RECFLOW_DATA_ROOT": "rel/data"})
     assert settings.data_root == tmp_path.resolve() / "rel" / "data"
-    assert settings.criteo_source_template == (
+    assert CriteoSettings().source_template(settings.data_root) == (
         (tmp_path.resolve() / "rel" / "data" / "criteo" / "source").as_uri() + "/day_{day}")
 
 
@@ -59,7 +69,9 @@ def test_reads_os_environ_by_default(tmp_path: Path, monkeypatch: pytest.MonkeyP
 
 def test_invalid_values_raise() -> None:
     with pytest.raises(ValueError):
-        load_settings({"RECFLOW_CRITEO_EPOCH": "not-a-date"})
+        load_criteo_settings({"RECFLOW_CRITEO_EPOCH": "not-a-date"})
+    with pytest.raises(ValueError, match="RECFLOW_TRAIN_DEVICE"):
+        load_settings({"RECFLOW_TRAIN_DEVICE": "tpu"})
     with pytest.raises(ValueError):
         load_settings({"RECFLOW_BAD_ROW_BUDGET": "lots"})
 

@@ -1,5 +1,5 @@
-"""criteo_dlrm preprocessing: dictionary (criteo_dictionary.py), transform (criteo_transform.py) and the task
-functions around them (tasks/criteo_preprocess.py), on tiny hand-made days with known answers.
+"""criteo_dlrm preprocessing: dictionary (spark_jobs/criteo/dictionary.py), transform (spark_jobs/criteo/transform.py) and the task
+functions around them (tasks/criteo/preprocess.py), on tiny hand-made days with known answers.
 
 One local[2] SparkSession is shared by the in-process job runs (the jobs' spark_session() picks it up through
 getOrCreate); one test goes through spark-submit end to end via the task functions.
@@ -20,14 +20,16 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from spark_jobs import criteo_dictionary, criteo_transform
-from tasks import criteo_preprocess, layout
-from tasks.config import Settings
-from tasks.criteo_ingest import StepInputMissing
-from tasks.criteo_schema import CAT_COLUMNS, INT_COLUMNS, LABEL
-from tasks.feature_spec import FeatureSpec
-from tasks.split_binary import read_batch
-from tasks.storage import Manifest, read_manifest, write_manifest
+from spark_jobs.criteo import dictionary as criteo_dictionary, transform as criteo_transform
+from tasks.criteo import preprocess as criteo_preprocess
+from tasks.core import layout
+from tasks.criteo import layout as criteo_layout
+from tasks.core.config import Settings
+from tasks.criteo.ingest import StepInputMissing
+from tasks.criteo.schema import CAT_COLUMNS, INT_COLUMNS, LABEL
+from tasks.formats.feature_spec import FeatureSpec
+from tasks.formats.split_binary import read_batch
+from tasks.core.storage import Manifest, read_manifest, write_manifest
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -100,7 +102,7 @@ def counts_of(rows: list[dict]) -> dict[tuple[int, str], int]:
 
 def write_stats_day(root: Path, day: int, rows: list[dict]) -> Path:
     """stats/day=N as criteo_day_stats leaves it: columnar/, counts/, _MANIFEST.json."""
-    stats = layout.criteo_stats_day(root, day)
+    stats = criteo_layout.stats_day(root, day)
     write_columnar(stats / "columnar", rows)
     write_counts(stats / "counts", counts_of(rows))
     write_manifest(stats, Manifest(kind="criteo_day_stats", inputs={"day": day}, rows={"good": len(rows)}))
@@ -153,7 +155,7 @@ def spark():
     from pyspark.sql import SparkSession
 
     # Python workers (the transform's mapInArrow lookup) run this interpreter and import spark_jobs, as the
-    # workers of a spark-submit run do (tasks.spark_submit sets PYSPARK_PYTHON and PYTHONPATH the same way).
+    # workers of a spark-submit run do (tasks.core.spark_submit sets PYSPARK_PYTHON and PYTHONPATH the same way).
     saved = {name: os.environ.get(name) for name in ("PYSPARK_PYTHON", "PYTHONPATH")}
     os.environ["PYSPARK_PYTHON"] = sys.executable
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), saved["PYTHONPATH"]]))
@@ -189,7 +191,7 @@ def window(tmp_path_factory) -> Path:
 
 
 def stats(root: Path, day: int, part: str) -> str:
-    return str(layout.criteo_stats_day(root, day) / part)
+    return str(criteo_layout.stats_day(root, day) / part)
 
 
 @pytest.fixture(scope="module")
@@ -399,7 +401,7 @@ def test_spark_submit_end_to_end_then_cached(window, dataset, monkeypatch):
     def no_spark(*args, **kwargs):
         raise AssertionError("spark-submit ran although the output was complete")
 
-    monkeypatch.setattr("tasks.spark_submit.run_spark_job", no_spark)
+    monkeypatch.setattr("tasks.core.spark_submit.run_spark_job", no_spark)
     again = criteo_preprocess.build_dictionary(settings, run / "dictionary", [0, 1], TEST_DAY,
                                                frequency_threshold=THRESHOLD, **submit)
     assert again["cached"] is True and again["fingerprint"] == built["fingerprint"]

@@ -15,11 +15,13 @@ from typing import Any
 
 import pytest
 
-from tasks import criteo_ingest, layout
-from tasks.config import Settings
-from tasks.criteo_schema import CAT_COLUMNS, INT_COLUMNS, LABEL, RAW_COLUMNS
-from tasks.storage import read_manifest
-from tasks.synthetic_criteo import write_criteo_day
+from tasks.criteo import ingest as criteo_ingest
+
+from tasks.criteo import layout as criteo_layout
+from tasks.core.config import Settings
+from tasks.criteo.schema import CAT_COLUMNS, INT_COLUMNS, LABEL, RAW_COLUMNS
+from tasks.core.storage import read_manifest
+from tasks.criteo.synthetic import write_criteo_day
 
 pytestmark = pytest.mark.spark
 
@@ -50,7 +52,7 @@ def _plant_bad_rows(lines: list[bytes]) -> dict[int, bytes]:
 def ingested(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     root = tmp_path_factory.mktemp("data_root")
     settings = Settings(data_root=root, bad_row_budget=0.01, spark_profile="local", validation_block_bytes=16384)
-    raw = layout.criteo_raw_day(root, DAY)
+    raw = criteo_layout.raw_day(root, DAY)
     write_criteo_day(raw, DAY, GOOD_ROWS, seed=42)
     good = raw.read_bytes().split(b"\n")[:-1]
     bad = _plant_bad_rows(good)
@@ -146,8 +148,7 @@ def test_manifest_rows_equal_validation_good_rows(ingested: dict[str, Any]) -> N
 
 
 def test_second_call_is_cached(ingested: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
-    from tasks import spark_submit
-
+    from tasks.core import spark_submit
     def must_not_run(*args, **kwargs):
         raise AssertionError("spark-submit ran although the day's stats are complete")
 

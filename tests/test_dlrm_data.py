@@ -12,7 +12,7 @@ import torch
 from models.dlrm.data import (PrefetchingReader, SplitBinaryDataset, categorical_columns, consecutive_runs,
                               decode_batch, decodes_on_device, shard_batch_indices, to_device)
 from models.dlrm.synthetic import make_synthetic_dataset
-from tasks.feature_spec import FeatureSpec
+from tasks.formats.feature_spec import FeatureSpec
 
 ROWS, BATCH = 1000, 64  # 15 full batches + one of 40 rows
 CARDS = (40, 25, 200, 8, 300)  # 200 and 300 need int16 files; the others int8

@@ -1,4 +1,4 @@
-"""tasks.download against real servers on 127.0.0.1: the range-capable HTTP server and moto's S3 API server."""
+"""tasks.core.download against real servers on 127.0.0.1: the range-capable HTTP server and moto's S3 API server."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tasks.download import ChecksumMismatch, DownloadError, SourceNotFound, download, s3_client_from_connection
+from tasks.core.download import ChecksumMismatch, DownloadError, SourceNotFound, download, s3_client_from_connection
 from tests.http_range_server import start_range_server
 from tests.conftest import REPO
 from tests.servers import free_port
@@ -64,8 +64,8 @@ def test_file_url_and_plain_path_are_copied_with_sidecar(tmp_path: Path, out: Pa
     data = _payload()
     src = tmp_path / "src.bin"
     src.write_bytes(data)
-    by_url = download(src.as_uri(), out / "a", chunk_bytes=CHUNK)
-    by_path = download(str(src), out / "b", chunk_bytes=CHUNK, expected_sha256=_sha(data))
+    by_url = download(src.as_uri(), out / "a", chunk_bytes=CHUNK, allowed_file_roots=[tmp_path])
+    by_path = download(str(src), out / "b", chunk_bytes=CHUNK, expected_sha256=_sha(data), allowed_file_roots=[tmp_path])
     assert (out / "a").read_bytes() == data and (out / "b").read_bytes() == data
     assert (by_url.bytes, by_url.source_bytes, by_url.sha256) == (len(data), len(data), _sha(data))
     assert not by_url.cached
@@ -77,7 +77,21 @@ def test_file_url_and_plain_path_are_copied_with_sidecar(tmp_path: Path, out: Pa
 
 def test_missing_file_is_source_not_found(tmp_path: Path, out: Path) -> None:
     with pytest.raises(SourceNotFound, match="src.bin"):
-        download((tmp_path / "src.bin").as_uri(), out / "day_0")
+        download((tmp_path / "src.bin").as_uri(), out / "day_0", allowed_file_roots=[tmp_path])
+    assert _leftovers(out) == []
+
+
+def test_file_source_outside_the_allowed_roots_is_refused_by_download_itself(tmp_path: Path, out: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    src = tmp_path / "elsewhere" / "src.bin"
+    src.parent.mkdir()
+    src.write_bytes(_payload(1000))
+    with pytest.raises(DownloadError, match=r"outside the allowed roots .*RECFLOW_FILE_SOURCE_ROOTS"):
+        download(src.as_uri(), out / "a", allowed_file_roots=[tmp_path / "data"])
+    # With no roots given, download() falls back to the deployment's (the data root): no caller can skip the check.
+    monkeypatch.setenv("RECFLOW_DATA_ROOT", str(tmp_path / "data"))
+    with pytest.raises(DownloadError, match="outside the allowed roots"):
+        download(str(src), out / "a")
     assert _leftovers(out) == []
 
 
@@ -285,7 +299,7 @@ def test_s3_client_from_airflow_connection(s3_server, s3_bucket: str, tmp_path: 
     connection = {"conn_type": "aws", "login": s3_server.access_key, "password": s3_server.secret_key,
                   "extra": {"endpoint_url": s3_server.endpoint_url, "region_name": s3_server.region}}
     script = (
-        "import sys; from pathlib import Path; from tasks.download import download, s3_client_from_connection; "
+        "import sys; from pathlib import Path; from tasks.core.download import download, s3_client_from_connection; "
         f"download('s3://{s3_bucket}/day_0', Path(sys.argv[1]), s3_client=s3_client_from_connection('recflow_s3'))"
     )
     env = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "AIRFLOW"))}
@@ -297,8 +311,8 @@ def test_s3_client_from_airflow_connection(s3_server, s3_bucket: str, tmp_path: 
 
 
 def test_progress_line_reports_rate_and_eta(http_server, source: bytes, out: Path, monkeypatch, caplog) -> None:
-    monkeypatch.setattr("tasks.download._PROGRESS_EVERY_S", 0.0)
-    with caplog.at_level(logging.INFO, logger="tasks.download"):
+    monkeypatch.setattr("tasks.core.download._PROGRESS_EVERY_S", 0.0)
+    with caplog.at_level(logging.INFO, logger="tasks.core.download"):
         download(http_server.url("day_0"), out / "day_0", chunk_bytes=CHUNK)
     lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("downloading ")]
     assert lines and all(re.search(r"of 0\.3 MB \(\d+%\), [\d.]+ MB/s, ETA \d+ s", line) for line in lines)

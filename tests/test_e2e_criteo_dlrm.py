@@ -13,17 +13,18 @@ from pathlib import Path
 
 import pytest
 
-from tasks import layout
-from tasks.config import Settings
-from tasks.criteo_ingest import day_stats, download_day, validate_day
-from tasks.synthetic_criteo import CriteoDayGenerator, write_criteo_day
+from tasks.core import layout
+from tasks.criteo.settings import CriteoSettings
+from tasks.core.config import Settings
+from tasks.criteo.ingest import day_stats, download_day, validate_day
+from tasks.criteo.synthetic import CriteoDayGenerator, write_criteo_day
 from tests.conftest import airflow_init, airflow_test_env
 
 pytestmark = pytest.mark.e2e
 
 REPO = Path(__file__).resolve().parents[1]
 ROWS = 20_000
-TINY_MODEL = {"bottom_mlp": "32,16", "top_mlp": "64,32,1", "batch_size": 1024, "lr": 0.5, "epochs": 3,
+TINY_MODEL = {"profile": "demo", "bottom_mlp": "32,16", "top_mlp": "64,32,1", "batch_size": 1024, "lr": 0.5, "epochs": 3,
               "warmup_steps": 5, "decay_start_step": 30, "decay_steps": 20, "checkpoint_every_steps": 10,
               "log_every_steps": 5, "frequency_threshold": 5, "min_auc": 0.70}
 
@@ -36,9 +37,10 @@ def ingested(tmp_path_factory) -> dict[str, str]:
     generator = CriteoDayGenerator(seed=11)
     for day in range(3):
         write_criteo_day(source / f"day_{day}", day, ROWS, generator=generator)
-    settings = Settings(data_root=data, criteo_source=source.as_uri() + "/day_{day}")
+    settings = Settings(data_root=data)
+    criteo = CriteoSettings(source=source.as_uri() + "/day_{day}")
     for day in range(3):
-        download_day(settings, day)
+        download_day(settings, day, criteo=criteo)
         validate_day(settings, day)
         day_stats(settings, day, spark_master="local[2]")
     return airflow_init(airflow_test_env(home, data))
@@ -56,7 +58,7 @@ def run_dlrm(env: dict[str, str], **conf) -> dict:
 def test_dlrm_trains_evaluates_and_publishes(ingested):
     run = run_dlrm(ingested)
     assert run["state"] == "success", run["log"][-4000:]
-    assert list(run["tasks"]) == ["resolve_window", "build_dictionary", "transform", "validate_dataset", "train", "evaluate", "gate",
+    assert list(run["tasks"]) == ["resolve_run", "build_dictionary", "transform", "validate_dataset", "train", "evaluate", "gate",
                                   "publish"]
     assert all(t["state"] == "success" for t in run["tasks"].values())
 

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from tasks import layout
-from tasks.storage import read_manifest
-from tasks.synthetic_criteo import CriteoDayGenerator, write_criteo_day
+from tasks.criteo import layout as criteo_layout
+from tasks.core.storage import read_manifest
+from tasks.criteo.synthetic import CriteoDayGenerator, write_criteo_day
 from tests.conftest import CRITEO_SAMPLE, airflow_init, airflow_test_env
 
 pytestmark = pytest.mark.e2e
@@ -61,8 +61,8 @@ def test_two_synthetic_days_ingest_with_manifests(airflow_env):
         run = run_ingest(airflow_env, day)
         assert run["state"] == "success", run["log"][-3000:]
         assert [t["state"] for t in run["tasks"].values()] == ["success"] * 3
-        validated = read_manifest(layout.criteo_validated_day(data_root(airflow_env), day))
-        stats = read_manifest(layout.criteo_stats_day(data_root(airflow_env), day))
+        validated = read_manifest(criteo_layout.validated_day(data_root(airflow_env), day))
+        stats = read_manifest(criteo_layout.stats_day(data_root(airflow_env), day))
         assert validated["rows"] == {"total": ROWS, "good": ROWS, "bad": 0}
         assert stats["rows"]["good"] == ROWS
         assert any(name.startswith("columnar/") and name.endswith(".parquet") for name in stats["files"])
@@ -77,37 +77,37 @@ def test_rerun_is_cached_and_deleting_one_output_redoes_only_that(airflow_env):
     assert run["log"].count("nothing to do") >= 2  # validation and stats both cached
     assert "cached" in run["log"]
     assert "spark-submit" not in run["log"]
-    before = read_manifest(layout.criteo_validated_day(root, 0))["created_at"]
+    before = read_manifest(criteo_layout.validated_day(root, 0))["created_at"]
 
-    shutil.rmtree(layout.criteo_stats_day(root, 0))
+    shutil.rmtree(criteo_layout.stats_day(root, 0))
     run = run_ingest(airflow_env, 0)
     assert run["state"] == "success"
     assert "spark-submit" in run["log"]
-    assert read_manifest(layout.criteo_validated_day(root, 0))["created_at"] == before
-    assert read_manifest(layout.criteo_stats_day(root, 0))["rows"]["good"] == ROWS
+    assert read_manifest(criteo_layout.validated_day(root, 0))["created_at"] == before
+    assert read_manifest(criteo_layout.stats_day(root, 0))["rows"]["good"] == ROWS
 
 
 def test_real_criteo_sample_ingests_cleanly(airflow_env):
     run = run_ingest(airflow_env, 2)
     assert run["state"] == "success", run["log"][-3000:]
     root = data_root(airflow_env)
-    assert read_manifest(layout.criteo_validated_day(root, 2))["rows"] == {"total": 100, "good": 100, "bad": 0}
-    assert read_manifest(layout.criteo_stats_day(root, 2))["rows"]["good"] == 100
+    assert read_manifest(criteo_layout.validated_day(root, 2))["rows"] == {"total": 100, "good": 100, "bad": 0}
+    assert read_manifest(criteo_layout.stats_day(root, 2))["rows"]["good"] == 100
 
 
 def test_bad_rows_within_budget_are_quarantined(airflow_env):
     run = run_ingest(airflow_env, 3, bad_row_budget=0.001)
     assert run["state"] == "success", run["log"][-3000:]
-    out = layout.criteo_validated_day(data_root(airflow_env), 3)
+    out = criteo_layout.validated_day(data_root(airflow_env), 3)
     quarantined = [json.loads(line) for line in (out / "quarantine.jsonl").read_text().splitlines()]
     assert [(q["line"], q["field"]) for q in quarantined] == [(11, 1), (21, 0)]
-    assert read_manifest(layout.criteo_stats_day(data_root(airflow_env), 3))["rows"]["good"] == ROWS - 2
+    assert read_manifest(criteo_layout.stats_day(data_root(airflow_env), 3))["rows"]["good"] == ROWS - 2
 
 
 def test_bad_rows_over_budget_fail_validation_without_retry_or_downstream(airflow_env):
     root = data_root(airflow_env)
-    shutil.rmtree(layout.criteo_validated_day(root, 3), ignore_errors=True)
-    shutil.rmtree(layout.criteo_stats_day(root, 3), ignore_errors=True)
+    shutil.rmtree(criteo_layout.validated_day(root, 3), ignore_errors=True)
+    shutil.rmtree(criteo_layout.stats_day(root, 3), ignore_errors=True)
     run = run_ingest(airflow_env, 3, bad_row_budget=0.0001)
     assert run["state"] == "failed"
     assert run["tasks"]["download"]["state"] == "success"
@@ -116,7 +116,7 @@ def test_bad_rows_over_budget_fail_validation_without_retry_or_downstream(airflo
     assert run["tasks"]["day_stats"]["state"] == "upstream_failed"
     assert "DataQualityError: day_3: 2 bad rows of 3000" in run["log"]
     assert "line 11, field 1 (label), column 1" in run["log"]
-    out = layout.criteo_validated_day(root, 3)
+    out = criteo_layout.validated_day(root, 3)
     assert (out / "report.json").exists() and (out / "quarantine.jsonl").exists()
     assert read_manifest(out) is None
-    assert not layout.criteo_stats_day(root, 3).exists()
+    assert not criteo_layout.stats_day(root, 3).exists()

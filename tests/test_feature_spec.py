@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import yaml
 
-from tasks.feature_spec import (
+from tasks.formats.feature_spec import (
     FeatureSpec,
     FeatureSpecError,
     get_categorical_feature_type,

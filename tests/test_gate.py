@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from tasks.gate import GateFailed, decide
+from tasks.release.gate import GateFailed, decide
 
 
 def test_threshold_only_passes_and_fails_with_one_line_reasons():

@@ -1,4 +1,4 @@
-"""tasks.process.run_streaming stops its child when the process that started the task dies (issue #5): the shape
+"""tasks.core.process.run_streaming stops its child when the process that started the task dies (issue #5): the shape
 of a LocalExecutor scheduler killed with SIGKILL, which takes the task's supervisor with it but not the task
 runner (own process group) nor its spark-submit (own session). tests/integration/test_scheduler_restart.py checks
 the same through a real scheduler."""
@@ -29,7 +29,7 @@ def test_child_is_stopped_when_the_task_runner_is_orphaned(tmp_path: Path) -> No
     child_pid_file, runner_pid_file = tmp_path / "child.pid", tmp_path / "runner.pid"
     runner = textwrap.dedent(f"""
         import os, sys
-        from tasks.process import run_streaming
+        from tasks.core.process import run_streaming
         open({str(runner_pid_file)!r}, "w").write(str(os.getpid()))
         run_streaming([sys.executable, "-c",
                        "import os, time; open({str(child_pid_file)!r}, 'w').write(str(os.getpid())); time.sleep(120)"])

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from tasks import publish as publish_module
-from tasks.artifact_store import ArtifactStore, open_store
-from tasks.publish import (
+from tasks.release import publish as publish_module
+from tasks.release.artifact_store import ArtifactStore, open_store
+from tasks.release.publish import (
     VersionConflict,
     fetch_published_file,
     latest_version,

@@ -1,4 +1,4 @@
-"""Row checks of raw Criteo TSV (tasks.raw_rows) and the validate_raw step (tasks.raw_validation, criteo_ingest).
+"""Row checks of raw Criteo TSV (tasks.criteo.raw_rows) and the validate_raw step (tasks.criteo.raw_validation, criteo_ingest).
 
 Each kind of malformed row is planted at a known line of an otherwise good file and must come back with that line,
 the first offending field and the byte column where the field starts.
@@ -12,13 +12,13 @@ from pathlib import Path
 
 import pytest
 
-from tasks import layout
-from tasks.config import Settings
-from tasks.criteo_schema import NUM_FIELDS, RAW_COLUMNS
-from tasks.raw_rows import BadRow, check_block, iter_line_blocks
-from tasks.raw_validation import DataQualityError, validate_raw_file
-from tasks.storage import MANIFEST_NAME, read_manifest
-from tasks.synthetic_criteo import CriteoDayGenerator, format_block, write_criteo_day
+from tasks.criteo import layout as criteo_layout
+from tasks.core.config import Settings
+from tasks.criteo.schema import NUM_FIELDS, RAW_COLUMNS
+from tasks.criteo.raw_rows import BadRow, check_block, iter_line_blocks
+from tasks.criteo.raw_validation import DataQualityError, validate_raw_file
+from tasks.core.storage import MANIFEST_NAME, read_manifest
+from tasks.criteo.synthetic import CriteoDayGenerator, format_block, write_criteo_day
 from tests.conftest import CRITEO_SAMPLE
 
 BAD_LINE = 3  # where the bad row sits in the small files below
@@ -274,19 +274,19 @@ def test_validate_empty_file_fails(tmp_path: Path) -> None:
     assert not (tmp_path / "out" / MANIFEST_NAME).exists()
 
 
-# --- tasks.criteo_ingest.validate_day: the cached step ------------------------------------------------------
+# --- tasks.criteo.ingest.validate_day: the cached step ------------------------------------------------------
 
 
 def test_validate_day_is_cached(tmp_path: Path, good_lines: list[bytes], monkeypatch: pytest.MonkeyPatch) -> None:
-    from tasks import criteo_ingest, raw_validation
-
+    from tasks.criteo import ingest as criteo_ingest
+    from tasks.criteo import raw_validation
     settings = Settings(data_root=tmp_path, bad_row_budget=0.05, validation_block_bytes=4096)
-    raw = layout.criteo_raw_day(tmp_path, 2)
+    raw = criteo_layout.raw_day(tmp_path, 2)
     raw.parent.mkdir(parents=True)
     _day_with_bad_rows(raw, good_lines, 120, {5: with_field(good_lines[4], _field("cat_1"), b"BAD")})
 
     first = criteo_ingest.validate_day(settings, 2)
-    assert first == {"day": 2, "path": str(layout.criteo_validated_day(tmp_path, 2)), "total": 120, "good": 119,
+    assert first == {"day": 2, "path": str(criteo_layout.validated_day(tmp_path, 2)), "total": 120, "good": 119,
                      "bad": 1, "cached": False}
 
     def must_not_run(*args, **kwargs):
@@ -306,7 +306,7 @@ def test_validate_day_is_cached(tmp_path: Path, good_lines: list[bytes], monkeyp
 
 
 def test_validate_day_without_raw_file(tmp_path: Path) -> None:
-    from tasks.criteo_ingest import StepInputMissing, validate_day
+    from tasks.criteo.ingest import StepInputMissing, validate_day
 
     with pytest.raises(StepInputMissing, match="run download first"):
         validate_day(Settings(data_root=tmp_path), 0)

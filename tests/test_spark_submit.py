@@ -1,4 +1,4 @@
-"""spark-submit command lines per profile (tasks.spark_submit) and streaming child processes (tasks.process)."""
+"""spark-submit command lines per profile (tasks.core.spark_submit) and streaming child processes (tasks.core.process)."""
 
 from __future__ import annotations
 
@@ -12,9 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from tasks import process, spark_submit
-from tasks.process import ERROR_MARKER, run_streaming
-from tasks.spark_submit import SPARK_JOBS_DIR, SparkJobFailed, SparkSubmit, run_spark_job
+from tasks.core import process
+
+from tasks.core import spark_submit
+from tasks.core.process import ERROR_MARKER, run_streaming
+from tasks.core.spark_submit import SPARK_JOBS_DIR, SparkJobFailed, SparkSubmit, run_spark_job
 
 
 def conf_of(argv: list[str]) -> dict[str, str]:
@@ -28,17 +30,17 @@ def option(argv: list[str], name: str) -> str | None:
 
 def test_local_profile_argv(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("RECFLOW_RAPIDS_JAR", raising=False)
-    argv = SparkSubmit("criteo_day_stats.py", ["--day", "3"]).argv()
+    argv = SparkSubmit("criteo/day_stats.py", ["--day", "3"]).argv()
     assert Path(argv[0]).name == "spark-submit" and os.access(argv[0], os.X_OK)
     assert option(argv, "--master") == "local[*]"
-    assert option(argv, "--name") == "recflow:criteo_day_stats"
+    assert option(argv, "--name") == "recflow:criteo/day_stats"
     conf = conf_of(argv)
     assert conf["spark.sql.shuffle.partitions"] == "8"
     assert conf["spark.pyspark.python"] == sys.executable
     assert conf["spark.driver.extraJavaOptions"].startswith("-Dlog4j2.configurationFile=file:")
     assert "spark.plugins" not in conf
     assert "--jars" not in argv and "--py-files" not in argv
-    assert argv[-3:] == [str(SPARK_JOBS_DIR / "criteo_day_stats.py"), "--day", "3"]
+    assert argv[-3:] == [str(SPARK_JOBS_DIR / "criteo/day_stats.py"), "--day", "3"]
 
 
 def test_conf_overrides_win() -> None:
@@ -48,7 +50,7 @@ def test_conf_overrides_win() -> None:
 
 
 def test_cluster_profile_ships_the_code() -> None:
-    argv = SparkSubmit("criteo_day_stats.py", ["--day", "1"], master="spark://127.0.0.1:7077",
+    argv = SparkSubmit("criteo/day_stats.py", ["--day", "1"], master="spark://127.0.0.1:7077",
                        profile="cluster").argv()
     assert option(argv, "--master") == "spark://127.0.0.1:7077"
     conf = conf_of(argv)
@@ -58,10 +60,10 @@ def test_cluster_profile_ships_the_code() -> None:
     archive = Path(option(argv, "--py-files"))
     with zipfile.ZipFile(archive) as zf:
         names = set(zf.namelist())
-    assert {"tasks/criteo_schema.py", "tasks/storage.py", "spark_jobs/criteo_day_stats.py",
+    assert {"tasks/criteo/schema.py", "tasks/core/storage.py", "spark_jobs/criteo/day_stats.py",
             "spark_jobs/common.py"} <= names
     # The script comes after every option (spark-submit reads what follows it as the job's own arguments).
-    assert argv.index("--py-files") < argv.index(str(SPARK_JOBS_DIR / "criteo_day_stats.py"))
+    assert argv.index("--py-files") < argv.index(str(SPARK_JOBS_DIR / "criteo/day_stats.py"))
 
 
 def test_cluster_profile_on_a_local_master_needs_no_archive() -> None:
@@ -73,7 +75,7 @@ def test_cluster_profile_on_a_local_master_needs_no_archive() -> None:
 def test_gpu_profile_adds_rapids(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     jar = tmp_path / "rapids-4-spark_2.13.jar"
     monkeypatch.setenv("RECFLOW_RAPIDS_JAR", str(jar))
-    argv = SparkSubmit("criteo_day_stats.py", [], master="spark://127.0.0.1:7077", profile="gpu").argv()
+    argv = SparkSubmit("criteo/day_stats.py", [], master="spark://127.0.0.1:7077", profile="gpu").argv()
     conf = conf_of(argv)
     assert conf["spark.plugins"] == "com.nvidia.spark.SQLPlugin"
     assert conf["spark.executor.resource.gpu.amount"] == "1"
@@ -95,7 +97,7 @@ def test_unknown_profile() -> None:
         SparkSubmit("job.py", [], profile="tpu").argv()
 
 
-# --- tasks.process.run_streaming ------------------------------------------------------------------------------
+# --- tasks.core.process.run_streaming ------------------------------------------------------------------------------
 
 
 class Recorder(logging.Handler):
@@ -229,9 +231,9 @@ def test_run_spark_job_failure_names_the_job_and_error(tmp_path: Path, monkeypat
     fake.chmod(0o755)
     monkeypatch.setattr(spark_submit, "spark_submit_binary", lambda: str(fake))
     seen = recorder()
-    expected = r"^criteo_day_stats.py failed \(exit 2\): FileNotFoundError: /data/day_0$"
+    expected = r"^criteo/day_stats.py failed \(exit 2\): FileNotFoundError: /data/day_0$"
     with pytest.raises(SparkJobFailed, match=expected):
-        run_spark_job(SparkSubmit("criteo_day_stats.py", ["--day", "0"]), label="spark day=0")
+        run_spark_job(SparkSubmit("criteo/day_stats.py", ["--day", "0"]), label="spark day=0")
     messages = [m for _, m in seen.records]
     pythonpath = [m for m in messages if m.startswith("[spark day=0] pythonpath ")][0]
     assert str(spark_submit.REPO_ROOT) in pythonpath.split(" ", 3)[-1].split(os.pathsep)

@@ -1,6 +1,6 @@
 """Split-binary write/check/read, verified against inline re-implementations of NVIDIA's two readers.
 
-The readers below parse the yaml with PyYAML directly (not through tasks.feature_spec) and follow
+The readers below parse the yaml with PyYAML directly (not through tasks.formats.feature_spec) and follow
 reference/nvidia-formats.md §2.2 (PyTorch ParametricDataset: os.pread per batch, short last batch) and §2.3 (TF2
 TfRawBinaryDataset: FixedLengthRecordDataset, last partial batch dropped).
 """
@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 import yaml
 
-from tasks.feature_spec import FeatureSpec
-from tasks.split_binary import DatasetError, SplitBinaryWriter, check_dataset, read_batch, write_dataset
+from tasks.formats.feature_spec import FeatureSpec
+from tasks.formats.split_binary import DatasetError, SplitBinaryWriter, check_dataset, read_batch, write_dataset
 
 N_NUM = 3
 # int8, int16 (127 is the boundary), int32, int8, int32 (32767 is the boundary)

@@ -1,4 +1,4 @@
-"""tasks.storage: atomic files and directories, manifests, the completed-output check, stale temporaries."""
+"""tasks.core.storage: atomic files and directories, manifests, the completed-output check, stale temporaries."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tasks.storage import (
+from tasks.core.storage import (
     MANIFEST_NAME,
     STALE_FOREIGN_TEMPORARY_S,
     Manifest,

@@ -1,4 +1,4 @@
-"""tasks.synthetic_criteo: the public Criteo TSV format, determinism, gzip, power-law values, a learnable signal."""
+"""tasks.criteo.synthetic: the public Criteo TSV format, determinism, gzip, power-law values, a learnable signal."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tasks.criteo_schema import CAT_COLUMNS, INT_COLUMNS, LABEL, NUM_FIELDS, RAW_COLUMNS
-from tasks.synthetic_criteo import (
+from tasks.criteo.schema import CAT_COLUMNS, INT_COLUMNS, LABEL, NUM_FIELDS, RAW_COLUMNS
+from tasks.criteo.synthetic import (
     SIGNAL_CATEGORICALS,
     SIGNAL_INTEGER,
     VOCAB_SIZES,

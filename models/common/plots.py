@@ -15,7 +15,7 @@ matplotlib.use("Agg")
 
 from matplotlib.figure import Figure  # noqa: E402  (after choosing the backend)
 
-from tasks.storage import atomic_file  # noqa: E402
+from tasks.core.storage import atomic_file  # noqa: E402
 
 
 def plot_training_curves(records: Sequence[dict[str, Any]], path: Path, title: str = "training") -> Path:

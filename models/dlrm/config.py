@@ -1,13 +1,14 @@
-"""DlrmConfig: the one home of DLRM model and training knobs, and the command line generated from it.
+"""DlrmConfig: DLRM's model and training knobs as the trainer's command line, and the learning-rate schedule.
 
-NVIDIA's recipe (PyTorch DLRM main.py, Criteo 1TB on 8 GPUs): batch 65536, plain SGD, lr 24, linear warmup 8000
-steps, polynomial (power 2) decay from step 48000 over 24000 steps, one epoch. We keep that schedule *shape* and
-scale the defaults for CPU demos on one machine:
-  * batch_size 8192: a 65536-row batch of the default model needs ~2-3 GB of activations and ~10 s per step on a
-    few CPU cores; 8192 keeps steps around a second and the log lines frequent.
-  * lr 3.0 = 24 x 8192/65536 (linear scaling with the batch, as NVIDIA's own lr/batch pairs follow).
-  * warmup 500 / decay_start 3000 / decay_steps 1500: NVIDIA's 1 : 6 : 3 proportions at 1/16 of the length, so a
-    run of a few thousand steps sees warmup, plateau and decay. Set them to NVIDIA's values for full-scale runs.
+The defaults are NVIDIA's recipe (PyTorch DLRM main.py, Criteo 1TB on 8 GPUs): batch 65536, plain SGD, lr 24,
+linear warmup 8000 steps, polynomial (power 2) decay from step 48000 over 24000 steps, one epoch. Pipelines pick
+their values from named profiles (tasks/criteo/profiles.py: `full` is this recipe, `demo` is sized for one CPU
+machine) and pass every knob explicitly.
+
+The schedule is a *shape*: with `schedule_scaling="run"` (default) the warmup / decay positions are scaled to the
+run's own step count (NVIDIA's 8000 : 48000 : 24000 over 72000 steps becomes 1/9 : 2/3 : 1/3 of any run), so the
+learning rate reaches 0 at the last step of a run of any window size, never before it. With "fixed" the steps are
+taken as written and a schedule that would reach 0 before the run's last step is refused before training starts.
 """
 
 from __future__ import annotations
@@ -40,12 +41,15 @@ class DlrmConfig:
     sparse_embeddings: bool = _opt(True, "sparse embedding gradients: only looked-up rows are updated "
                                          "(ignored on multi-GPU NCCL runs, which cannot all-reduce sparse tensors)")
     # optimisation (NVIDIA: SGD, lr 24, warmup 8000, decay 48000 + 24000, power 2, batch 65536)
-    batch_size: int = _opt(8192, "global training batch (split evenly across ranks)")
-    eval_batch_size: int = _opt(16384, "evaluation batch")
-    lr: float = _opt(3.0, "base SGD learning rate")
-    warmup_steps: int = _opt(500, "linear warmup steps")
-    decay_start_step: int = _opt(3000, "step at which polynomial decay starts")
-    decay_steps: int = _opt(1500, "steps over which lr decays to end_lr_factor x lr (0 disables decay)")
+    batch_size: int = _opt(65536, "global training batch (split evenly across ranks)")
+    eval_batch_size: int = _opt(65536, "evaluation batch")
+    lr: float = _opt(24.0, "base SGD learning rate")
+    warmup_steps: int = _opt(8000, "linear warmup steps")
+    decay_start_step: int = _opt(48000, "step at which polynomial decay starts")
+    decay_steps: int = _opt(24000, "steps over which lr decays to end_lr_factor x lr (0 disables decay)")
+    schedule_scaling: str = _opt("run", "run: scale warmup/decay positions to the run's step count; fixed: take "
+                                        "them as written (refused if lr would reach 0 before the last step)",
+                                 choices=("run", "fixed"))
     poly_power: float = _opt(2.0, "polynomial decay power")
     end_lr_factor: float = _opt(0.0, "lr floor after decay, as a fraction of lr (NVIDIA: 0)")
     # run length and cadence
@@ -75,6 +79,10 @@ class DlrmConfig:
             )
         if self.batch_size < 1 or self.eval_batch_size < 1 or self.epochs < 1:
             raise ValueError("batch_size, eval_batch_size and epochs must be positive")
+
+    def schedule(self, total_steps: int) -> LrSchedule:
+        """The learning-rate schedule of a run of `total_steps` optimizer steps (see the module docstring)."""
+        return resolve_schedule(self, total_steps)
 
     def to_dict(self) -> dict[str, Any]:
         """Plain dict of ints/floats/strs/lists/None (safe for JSON and for torch weights_only loading)."""
@@ -111,3 +119,67 @@ def build_parser(description: str) -> argparse.ArgumentParser:
 def config_from_namespace(namespace: argparse.Namespace) -> DlrmConfig:
     names = {f.name for f in dataclasses.fields(DlrmConfig)}
     return DlrmConfig(**{k: v for k, v in vars(namespace).items() if k in names})
+
+
+def lr_factor(step: int, warmup_steps: int, decay_start_step: int, decay_steps: int, power: float = 2.0,
+              end_lr_factor: float = 0.0) -> float:
+    """Multiplier of the base lr used by optimizer step `step` (0-based), as NVIDIA's LearningRateScheduler.
+
+    NVIDIA increments its counter before each step, so step k sees counter k+1: linear warmup (k+1)/warmup up to
+    1, flat until decay_start, then ((decay_end - (k+1)) / decay_steps) ** power, floored at end_lr_factor.
+    """
+    current = step + 1
+    if warmup_steps > 0 and current <= warmup_steps:
+        return current / warmup_steps
+    if decay_steps <= 0 or current <= decay_start_step:
+        return 1.0
+    decay_end = decay_start_step + decay_steps
+    if current > decay_end:
+        return end_lr_factor
+    return max(((decay_end - current) / decay_steps) ** power, end_lr_factor)
+
+
+@dataclass(frozen=True)
+class LrSchedule:
+    """Warmup / decay positions in optimizer steps of one run, and the factor each step applies to the base lr."""
+
+    total_steps: int
+    warmup_steps: int
+    decay_start_step: int
+    decay_steps: int
+    poly_power: float
+    end_lr_factor: float
+
+    def factor(self, step: int) -> float:
+        return lr_factor(step, self.warmup_steps, self.decay_start_step, self.decay_steps, self.poly_power,
+                         self.end_lr_factor)
+
+    def first_zero_step(self) -> int | None:
+        """The first 0-based step whose lr factor is 0, or None when the lr stays positive for the whole run."""
+        if self.end_lr_factor > 0 or self.decay_steps <= 0:
+            return None
+        step = self.decay_start_step + self.decay_steps - 1  # counter == decay_end: ((end - end)/n)**p == 0
+        return step if step < self.total_steps else None
+
+
+def resolve_schedule(cfg: DlrmConfig, total_steps: int) -> LrSchedule:
+    """Scale (schedule_scaling="run") or check ("fixed") cfg's warmup/decay positions for a run of total_steps."""
+    if total_steps < 1:
+        raise ValueError(f"a run of {total_steps} steps has no schedule")
+    warmup, start, steps = cfg.warmup_steps, cfg.decay_start_step, cfg.decay_steps
+    if cfg.schedule_scaling == "run":
+        reference = start + steps if steps > 0 else max(warmup, 1)
+        scale = total_steps / reference
+        warmup = max(1, round(warmup * scale)) if warmup > 0 else 0
+        if steps > 0:
+            steps = max(1, round(steps * scale))
+            start = max(warmup, total_steps - steps)
+        else:
+            warmup = min(warmup, total_steps)
+    schedule = LrSchedule(total_steps, warmup, start, steps, cfg.poly_power, cfg.end_lr_factor)
+    zero = schedule.first_zero_step()
+    if zero is not None and zero < total_steps - 1:
+        raise ValueError(f"learning rate schedule reaches 0 at step {zero} of a {total_steps}-step run (decay "
+                         f"from step {start} over {steps} steps, end_lr_factor 0): every later step would not "
+                         "learn. Use schedule_scaling=run, or move decay_start_step / decay_steps past the run's end")
+    return schedule

@@ -33,7 +33,7 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-from tasks.feature_spec import FeatureSpec
+from tasks.formats.feature_spec import FeatureSpec
 
 # (numerical float32 [b, n_num], categorical int32 [b, n_cat], label float32 [b]); categorical is a column-major
 # view (the transpose of a [n_cat, b] tensor), so each column the embedding tables look up is contiguous. Indices are

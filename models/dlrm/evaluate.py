@@ -15,14 +15,14 @@ from typing import Any
 
 import torch
 
-from models.common.checkpoint import FORMAT_VERSION, MODEL_KIND, safe_load, write_torch_atomic
-from models.common.distributed import autocast_context, select_device
+from models.torchkit.checkpoint import FORMAT_VERSION, MODEL_KIND, safe_load, write_torch_atomic
+from models.torchkit.distributed import autocast_context, select_device
 from models.common.metrics import StreamingPredictions
-from models.common.progress import RankLog
+from tasks.core.progress import RankLog
 from models.dlrm.data import PrefetchingReader, SplitBinaryDataset, decodes_on_device, to_device
 from models.dlrm.model import Dlrm, build_model
-from tasks.feature_spec import FEATURE_SPEC_FILE, FeatureSpec
-from tasks.storage import write_text_atomic
+from tasks.formats.feature_spec import FEATURE_SPEC_FILE, FeatureSpec
+from tasks.core.storage import write_text_atomic
 
 
 @dataclass

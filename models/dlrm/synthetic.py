@@ -14,8 +14,8 @@ from pathlib import Path
 
 import numpy as np
 
-from tasks.feature_spec import FeatureSpec
-from tasks.split_binary import write_dataset
+from tasks.formats.feature_spec import FeatureSpec
+from tasks.formats.split_binary import write_dataset
 
 DEFAULT_CARDINALITIES = (40, 25, 12, 8, 300)
 
@@ -65,7 +65,7 @@ def make_synthetic_dataset(
     seed: int = 0,
     chunk_rows: int = 4096,
 ) -> FeatureSpec:
-    """Write train/ and test/ split-binary mappings + feature_spec.yaml under out_dir (via tasks.split_binary)."""
+    """Write train/ and test/ split-binary mappings + feature_spec.yaml under out_dir (via tasks.formats.split_binary)."""
     if not 0 < signal_features <= len(cardinalities) or n_numerical < 1:
         raise ValueError(f"need 1..{len(cardinalities)} signal features and >= 1 numerical feature")
     signal = make_signal(cardinalities, signal_features, seed)

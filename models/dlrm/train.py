@@ -17,19 +17,19 @@ from typing import Any
 
 import torch
 
-from models.common.checkpoint import (CheckpointError, capture_rng_state, latest_checkpoint, load_checkpoint,
+from models.torchkit.checkpoint import (CheckpointError, capture_rng_state, latest_checkpoint, load_checkpoint,
                                       restore_rng_state, save_checkpoint)
-from models.common.distributed import (DistContext, autocast_context, average_sparse_gradients, barrier,
+from models.torchkit.distributed import (DistContext, autocast_context, average_sparse_gradients, barrier,
                                        broadcast_from_main, data_parallel, init_distributed,
                                        make_grad_scaler, shutdown_distributed)
-from models.common.progress import ProgressMeter, RankLog, format_bytes, format_duration
-from models.dlrm.config import DlrmConfig, build_parser, config_from_namespace
+from tasks.core.progress import ProgressMeter, RankLog, format_bytes, format_duration
+from models.dlrm.config import DlrmConfig, build_parser, config_from_namespace, lr_factor  # noqa: F401
 from models.dlrm.data import (Batch, PrefetchingReader, RawBatch, SplitBinaryDataset, decodes_on_device,
                               shard_batch_indices, to_device)
 from models.dlrm.evaluate import predict_dataset, save_model_file
 from models.dlrm.model import Dlrm, embedding_table_bytes
-from tasks.feature_spec import FeatureSpec
-from tasks.storage import write_text_atomic
+from tasks.formats.feature_spec import FeatureSpec
+from tasks.core.storage import write_text_atomic
 
 
 @dataclass
@@ -78,30 +78,10 @@ def parse_args(argv: list[str] | None = None) -> DlrmConfig:
     return config_from_namespace(parser.parse_args(argv))
 
 
-def lr_factor(step: int, warmup_steps: int, decay_start_step: int, decay_steps: int, power: float = 2.0,
-              end_lr_factor: float = 0.0) -> float:
-    """Multiplier of the base lr used by optimizer step `step` (0-based), as NVIDIA's LearningRateScheduler.
-
-    NVIDIA increments its counter before each step, so step k sees counter k+1: linear warmup (k+1)/warmup up to
-    1, flat until decay_start, then ((decay_end - (k+1)) / decay_steps) ** power, floored at end_lr_factor.
-    """
-    current = step + 1
-    if warmup_steps > 0 and current <= warmup_steps:
-        return current / warmup_steps
-    if decay_steps <= 0 or current <= decay_start_step:
-        return 1.0
-    decay_end = decay_start_step + decay_steps
-    if current > decay_end:
-        return end_lr_factor
-    return max(((decay_end - current) / decay_steps) ** power, end_lr_factor)
-
-
-def make_scheduler(optimizer: torch.optim.Optimizer, cfg: DlrmConfig) -> torch.optim.lr_scheduler.LambdaLR:
-    def factor(step: int) -> float:
-        return lr_factor(step, cfg.warmup_steps, cfg.decay_start_step, cfg.decay_steps, cfg.poly_power,
-                         cfg.end_lr_factor)
-
-    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+def make_scheduler(optimizer: torch.optim.Optimizer, cfg: DlrmConfig,
+                   total_steps: int) -> torch.optim.lr_scheduler.LambdaLR:
+    """NVIDIA's warmup + polynomial decay, positioned for this run's step count (DlrmConfig.schedule)."""
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, cfg.schedule(total_steps).factor)
 
 
 def weights_checksum(model: torch.nn.Module) -> str:
@@ -146,10 +126,14 @@ def _setup(cfg: DlrmConfig, ctx: DistContext) -> _Run:
     core = Dlrm(spec.get_number_of_numerical_features(), cards, cfg.bottom_mlp_sizes, cfg.top_mlp_sizes,
                 cfg.max_table_size, cfg.hash_indices, sparse).to(ctx.device)
     optimizer = torch.optim.SGD(core.parameters(), lr=cfg.lr)
+    total_steps = steps_per_epoch * cfg.epochs
+    schedule = cfg.schedule(total_steps)  # refuses a schedule that would stop learning before the last step
+    log(f"lr schedule over {total_steps} steps: warmup {schedule.warmup_steps}, decay from step "
+        f"{schedule.decay_start_step} over {schedule.decay_steps} (scaling: {cfg.schedule_scaling})")
     return _Run(cfg=cfg, ctx=ctx, log=log, core=core, optimizer=optimizer,
-                scheduler=make_scheduler(optimizer, cfg), scaler=make_grad_scaler(ctx.device, cfg.amp),
+                scheduler=make_scheduler(optimizer, cfg, total_steps), scaler=make_grad_scaler(ctx.device, cfg.amp),
                 train_data=train_data, test_data=test_data, out=Path(cfg.output_dir),
-                steps_per_epoch=steps_per_epoch, total_steps=steps_per_epoch * cfg.epochs)
+                steps_per_epoch=steps_per_epoch, total_steps=total_steps)
 
 
 def _checkpoint_state(run: _Run) -> dict[str, Any]:

@@ -1,4 +1,4 @@
--- Model registry queries, loaded by tasks/registry.py by name.
+-- Model registry queries, loaded by tasks/release/registry.py by name (against the schema after the last migration).
 --
 -- Format: a block starts at `-- name: <name>` and runs to the next one; an optional `-- dialect: <name>` line
 -- restricts it to one database (sqlite | postgresql). Parameters are bound (:name), never formatted into the text.
@@ -29,40 +29,41 @@ ON CONFLICT (version) DO NOTHING;
 
 -- Runs ----------------------------------------------------------------------------------------------------------
 
--- A retried registration of the same run_id inserts nothing; the caller compares the stored row with its own.
+-- Runs are keyed by (pipeline, run_id): run ids repeat across pipelines (each its own DAG). A retried registration
+-- inserts nothing; the caller compares the stored row with its own.
 -- name: register_run
-INSERT INTO model_runs (model_name, run_id, dataset, train_days, test_day, config_hash, artifact_uri, status,
-                        created_at, updated_at)
-VALUES (:model_name, :run_id, :dataset, :train_days, :test_day, :config_hash, :artifact_uri, 'registered',
+INSERT INTO training_runs (pipeline, model_name, run_id, dataset, data_window, config_hash, artifact_uri, status,
+                           created_at, updated_at)
+VALUES (:pipeline, :model_name, :run_id, :dataset, :data_window, :config_hash, :artifact_uri, 'registered',
         :now, :now)
-ON CONFLICT (run_id) DO NOTHING;
+ON CONFLICT (pipeline, run_id) DO NOTHING;
 
 -- name: get_run
-SELECT id, model_name, run_id, dataset, train_days, test_day, config_hash, metrics, artifact_uri, status,
+SELECT id, pipeline, model_name, run_id, dataset, data_window, config_hash, metrics, artifact_uri, status,
        created_at, updated_at
-FROM model_runs
-WHERE run_id = :run_id;
+FROM training_runs
+WHERE pipeline = :pipeline AND run_id = :run_id;
 
 -- metrics and artifact_uri keep their stored value when the caller passes NULL.
 -- name: set_run_status
-UPDATE model_runs
+UPDATE training_runs
 SET status = :status,
     metrics = COALESCE(:metrics, metrics),
     artifact_uri = COALESCE(:artifact_uri, artifact_uri),
     updated_at = :now
-WHERE run_id = :run_id;
+WHERE pipeline = :pipeline AND run_id = :run_id;
 
 -- Versions ------------------------------------------------------------------------------------------------------
 
 -- Versions are immutable: a second record of the same (model_name, version) inserts nothing, and the caller
 -- checks that the stored row says the same thing.
 -- name: record_version
-INSERT INTO model_versions (model_name, version, run_id, artifact_uri, metrics, published_at)
-VALUES (:model_name, :version, :run_id, :artifact_uri, :metrics, :now)
+INSERT INTO model_versions (model_name, version, pipeline, run_id, artifact_uri, metrics, published_at)
+VALUES (:model_name, :version, :pipeline, :run_id, :artifact_uri, :metrics, :now)
 ON CONFLICT (model_name, version) DO NOTHING;
 
 -- name: get_version
-SELECT model_name, version, run_id, artifact_uri, metrics, published_at
+SELECT model_name, version, pipeline, run_id, artifact_uri, metrics, published_at
 FROM model_versions
 WHERE model_name = :model_name AND version = :version;
 
@@ -99,10 +100,11 @@ FROM model_aliases a
 JOIN model_versions v ON v.model_name = a.model_name AND v.version = a.version
 WHERE a.model_name = :model_name AND a.alias = :alias;
 
--- Every published version with the run that produced it (if registered); sorted by version in Python.
+-- Every published version with the run that produced it (if registered: same pipeline and run id); sorted by
+-- version in Python.
 -- name: history
-SELECT v.version, v.run_id, v.artifact_uri, v.metrics, v.published_at,
-       r.dataset, r.train_days, r.test_day, r.config_hash, r.status
+SELECT v.version, v.pipeline, v.run_id, v.artifact_uri, v.metrics, v.published_at,
+       r.dataset, r.data_window, r.config_hash, r.status
 FROM model_versions v
-LEFT JOIN model_runs r ON r.run_id = v.run_id
+LEFT JOIN training_runs r ON r.pipeline = v.pipeline AND r.run_id = v.run_id
 WHERE v.model_name = :model_name;

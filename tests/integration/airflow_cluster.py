@@ -104,6 +104,9 @@ def cluster_env(home: Path, db_url: str, api_port: int, password_file: Path,
         "AIRFLOW__SCHEDULER__SCHEDULER_HEARTBEAT_SEC": "2",
         "PATH": f"{venv_bin}:{os.environ.get('PATH', '')}",
         "PYTHONPATH": str(REPO),
+        # The deployment's training profile for runs without conf (scheduled, asset-triggered): this machine's.
+        "RECFLOW_PROFILE": "demo",
+        "RECFLOW_TRAIN_DEVICE": "cpu",
     }
     if importlib.util.find_spec("asyncpg") is None:
         # Airflow derives an async URL (postgresql+asyncpg) from the sync one and creates that engine at import;
@@ -229,7 +232,7 @@ def processes_mentioning(text: str) -> dict[int, str]:
 
 
 def _kill_leftovers(workdir: Path) -> None:
-    # Spark and torchrun children run in their own sessions (tasks/process.py), so stopping the services' groups
+    # Spark and torchrun children run in their own sessions (tasks/core/process.py), so stopping the services' groups
     # does not reach them; their command lines name paths under the cluster's directory.
     for pid, args in processes_mentioning(str(workdir) + "/").items():
         log.warning("killing leftover process %d: %s", pid, args[:200])

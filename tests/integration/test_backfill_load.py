@@ -24,12 +24,13 @@ from pathlib import Path
 
 import psutil
 import pytest
+from airflow_client.client import PoolApi
 
 from bench.proc import process_tree, rss_by_name
 from scripts.airflow_api import AirflowApi
-from tasks import layout
-from tasks.storage import read_manifest
-from tasks.synthetic_criteo import CriteoDayGenerator, write_criteo_day
+from tasks.criteo import layout as criteo_layout
+from tasks.core.storage import read_manifest
+from tasks.criteo.synthetic import CriteoDayGenerator, write_criteo_day
 from tests.integration.airflow_cluster import AirflowCluster, airflow_cluster
 
 pytestmark = [pytest.mark.integration, pytest.mark.reliability, pytest.mark.slow]
@@ -114,7 +115,7 @@ def _max_overlap(intervals: list[tuple[datetime, datetime]]) -> int:
 
 def test_backfill_of_24_days_completes_within_pools_and_bounded_memory(cluster: AirflowCluster) -> None:
     api: AirflowApi = cluster.api()
-    slots = int(api.request("GET", "/pools/spark")["slots"])
+    slots = PoolApi(api.client).get_pool("spark").slots
     parallelism = int(cluster.env["AIRFLOW__CORE__PARALLELISM"])
     last = EPOCH + timedelta(days=DAYS - 1)
     roots = [proc.pid for proc in cluster.processes.values()]
@@ -148,7 +149,7 @@ def test_backfill_of_24_days_completes_within_pools_and_bounded_memory(cluster: 
     assert len(tis) == 3 * len(runs)
     root = Path(cluster.env["RECFLOW_DATA_ROOT"])
     for day in range(DAYS):
-        assert read_manifest(layout.criteo_stats_day(root, day))["rows"]["good"] == ROWS, f"day {day}"
+        assert read_manifest(criteo_layout.stats_day(root, day))["rows"]["good"] == ROWS, f"day {day}"
 
     spark = [(_ts(ti["start_date"]), _ts(ti["end_date"])) for ti in tis if ti["task_id"] == "day_stats"]
     every = [(_ts(ti["start_date"]), _ts(ti["end_date"])) for ti in tis]

@@ -19,9 +19,9 @@ from pathlib import Path
 import pytest
 
 from scripts.airflow_api import AirflowApi
-from tasks import layout
-from tasks.storage import read_manifest
-from tasks.synthetic_criteo import CriteoDayGenerator, write_criteo_day
+from tasks.criteo import layout as criteo_layout
+from tasks.core.storage import read_manifest
+from tasks.criteo.synthetic import CriteoDayGenerator, write_criteo_day
 from tests.integration.airflow_cluster import AirflowCluster, airflow_cluster
 
 pytestmark = pytest.mark.integration
@@ -60,7 +60,7 @@ def test_scheduled_and_triggered_runs_go_through_the_celery_worker(cluster: Airf
     root = Path(cluster.env["RECFLOW_DATA_ROOT"])
     hosts = set()
     for day, run in ((0, scheduled), (1, manual)):
-        assert read_manifest(layout.criteo_stats_day(root, day))["rows"]["good"] == ROWS
+        assert read_manifest(criteo_layout.stats_day(root, day))["rows"]["good"] == ROWS
         tis = api.task_instances(INGEST, run["dag_run_id"])
         assert {ti["task_id"]: (ti["state"], ti["try_number"]) for ti in tis} == dict.fromkeys(
             ("download", "validate_raw", "day_stats"), ("success", 1))

@@ -23,10 +23,11 @@ from pathlib import Path
 import pytest
 
 from scripts.airflow_api import AirflowApi, ApiError
-from tasks import layout
-from tasks.config import criteo_day_index
-from tasks.storage import read_manifest
-from tasks.synthetic_criteo import CriteoDayGenerator, write_criteo_day
+from tasks.core import layout
+from tasks.criteo import layout as criteo_layout
+from tasks.criteo.settings import criteo_day_index
+from tasks.core.storage import read_manifest
+from tasks.criteo.synthetic import CriteoDayGenerator, write_criteo_day
 from tests.integration.airflow_cluster import AirflowCluster, airflow_cluster, processes_mentioning
 
 pytestmark = pytest.mark.integration
@@ -36,7 +37,7 @@ REPO = Path(__file__).resolve().parents[2]
 INGEST, DLRM = "criteo_ingest", "criteo_dlrm"
 ROWS = 2000
 EPOCH = datetime(2026, 1, 1).date()  # RECFLOW_CRITEO_EPOCH default: logical date of day 0
-TINY_MODEL = {"bottom_mlp": "32,16", "top_mlp": "64,32,1", "batch_size": 256, "lr": 0.5, "epochs": 3,
+TINY_MODEL = {"profile": "demo", "bottom_mlp": "32,16", "top_mlp": "64,32,1", "batch_size": 256, "lr": 0.5, "epochs": 3,
               "warmup_steps": 5, "decay_start_step": 30, "decay_steps": 20, "checkpoint_every_steps": 10,
               "log_every_steps": 5, "frequency_threshold": 2, "min_auc": 0.60}
 BAD_DAY = 5  # a day whose rows break the contract beyond the budget
@@ -164,7 +165,7 @@ def test_manual_ingest_through_the_api(cluster, api):
                                                                        "success")
     validate_log = api.task_log(INGEST, run["dag_run_id"], "validate_raw")
     assert re.search(rf"day_0: {ROWS} rows, 0 bad \(0\.0000%\)", validate_log), validate_log[-3000:]
-    assert read_manifest(layout.criteo_stats_day(data_root(cluster), 0))["rows"]["good"] == ROWS
+    assert read_manifest(criteo_layout.stats_day(data_root(cluster), 0))["rows"]["good"] == ROWS
     # The README's command lines read the same through scripts/airflow_api.py.
     tasks_cli = api_cli(cluster, "tasks", INGEST, run["dag_run_id"])
     assert tasks_cli.returncode == 0, tasks_cli.stderr
@@ -199,14 +200,14 @@ def test_failed_validation_is_one_red_task_with_one_line(cluster, api):
     # The exception travels as the log's structured error detail: one line, '<type>: <message>'.
     errors = [line.strip() for line in log.splitlines() if f"DataQualityError: day_{BAD_DAY}:" in line]
     assert errors, log[-3000:]
-    out = layout.criteo_validated_day(data_root(cluster), BAD_DAY)
+    out = criteo_layout.validated_day(data_root(cluster), BAD_DAY)
     assert re.fullmatch(rf"(\w+\.)*DataQualityError: day_{BAD_DAY}: 3 bad rows of {ROWS} \(0\.150% > budget 0\.100%\); "
                         rf"first: day_{BAD_DAY} line 11, field 1 \(label\), column 1: '2' label must be 0 or 1; "
                         rf"quarantine and GX report in {re.escape(str(out))}", errors[-1]), errors[-1]
     print(f"\nFAILED VALIDATION in the UI: validate_raw failed (try 1 of 3, not retried), day_stats "
           f"upstream_failed; the log's error line: {errors[-1]}")
     assert (out / "report.json").is_file() and (out / "quarantine.jsonl").is_file()
-    assert read_manifest(out) is None and not layout.criteo_stats_day(data_root(cluster), BAD_DAY).exists()
+    assert read_manifest(out) is None and not criteo_layout.stats_day(data_root(cluster), BAD_DAY).exists()
 
 
 def _wait_for_backfill(cluster: AirflowCluster, api: AirflowApi, count: int) -> dict:
@@ -231,8 +232,8 @@ def test_backfill_three_days(cluster, api, shared):
     assert [r["logical_date"][:10] for r in runs] == ["2026-01-01", "2026-01-02", "2026-01-03"]
     root = data_root(cluster)
     for day in range(3):
-        assert read_manifest(layout.criteo_validated_day(root, day))["rows"]["good"] == ROWS
-        assert read_manifest(layout.criteo_stats_day(root, day))["rows"]["good"] == ROWS
+        assert read_manifest(criteo_layout.validated_day(root, day))["rows"]["good"] == ROWS
+        assert read_manifest(criteo_layout.stats_day(root, day))["rows"]["good"] == ROWS
     # Day 0 was ingested by the manual run: the backfill's day 0 found every output in place.
     assert "nothing to do" in api.task_log(INGEST, runs[0]["dag_run_id"], "day_stats")
     shared["backfill_run_ids"] = [r["dag_run_id"] for r in runs]
@@ -304,8 +305,13 @@ def test_new_day_event_creates_an_asset_triggered_retraining_run(cluster, api, s
     assert events[-1]["source_run_id"] == announce["dag_run_id"] and events[-1]["extra"]["day"] == 2
     assert {e["extra"]["day"] for e in events} == {0, 1, 2}
     # No conf on an asset-triggered run: the window comes from the data (newest day = test day, window_days=2).
-    cluster.wait_until(lambda: _ti_state(api, run_id, "resolve_window") == "success", 180, "resolve_window")
-    assert api.xcom(DLRM, run_id, "resolve_window") == {"train_days": [0, 1], "test_day": 2}
+    # The deployment's profile (RECFLOW_PROFILE=demo in this cluster) gives the knobs, the device and process count
+    # come from its RECFLOW_TRAIN_DEVICE / RECFLOW_TRAIN_NPROC.
+    cluster.wait_until(lambda: _ti_state(api, run_id, "resolve_run") == "success", 180, "resolve_run")
+    resolved = api.xcom(DLRM, run_id, "resolve_run")
+    assert {k: resolved[k] for k in ("train_days", "test_day", "profile", "nproc", "device")} == {
+        "train_days": [0, 1], "test_day": 2, "profile": "demo", "nproc": 1, "device": "cpu"}
+    assert resolved["knobs"]["batch_size"] == 4096 and resolved["knobs"]["window_days"] == 2
 
 
 def test_marking_a_run_failed_stops_its_spark_job(cluster, api, shared):

@@ -31,9 +31,9 @@ import psutil
 import pytest
 
 from scripts.airflow_api import AirflowApi
-from tasks import layout
-from tasks.storage import MANIFEST_NAME, file_sha256, read_manifest
-from tasks.synthetic_criteo import write_criteo_day
+from tasks.criteo import layout as criteo_layout
+from tasks.core.storage import MANIFEST_NAME, file_sha256, read_manifest
+from tasks.criteo.synthetic import write_criteo_day
 from tests.integration.airflow_cluster import AirflowCluster, airflow_cluster, processes_mentioning
 
 pytestmark = pytest.mark.integration
@@ -79,8 +79,7 @@ def ti_state(api: AirflowApi, run_id: str, task_id: str) -> str | None:
 
 def task_tries(api: AirflowApi, run_id: str, task_id: str) -> list[dict]:
     """Every try of a TI, oldest first (GET .../taskInstances/{task_id}/tries: the TI history plus the TI)."""
-    path = f"/dags/{INGEST}/dagRuns/{run_id}/taskInstances/{task_id}/tries"
-    return sorted(api.request("GET", path)["task_instances"], key=lambda t: t["try_number"])
+    return api.task_tries(INGEST, run_id, task_id)
 
 
 def verify_manifest(directory: Path) -> dict:
@@ -116,7 +115,7 @@ def running_spark_job(out_dir: Path) -> tuple[int, list[int]] | None:
     procs = spark_processes(out_dir)
     jvms = [pid for pid, args in procs.items() if "org.apache.spark.deploy.SparkSubmit" in args]
     drivers = [pid for pid, args in procs.items()
-               if "criteo_day_stats.py" in args and "org.apache.spark.deploy.SparkSubmit" not in args]
+               if "criteo/day_stats.py" in args and "org.apache.spark.deploy.SparkSubmit" not in args]
     return (jvms[0], drivers) if len(jvms) == 1 and drivers else None
 
 
@@ -161,7 +160,7 @@ def test_scheduler_killed_during_day_stats_recovers_by_itself(cluster):
                          if ti["task_id"] == "day_stats")
 
     run_id = api.trigger(INGEST, {"day": CRASH_DAY})["dag_run_id"]
-    out = layout.criteo_stats_day(root, CRASH_DAY)
+    out = criteo_layout.stats_day(root, CRASH_DAY)
     cluster.wait_until(lambda: ti_state(api, run_id, "day_stats") == "running", 180, "day_stats to run")
     # Kill once Spark is writing, not just starting: the JVM has started the job's Python driver, and the driver
     # has opened its temporary output beside the final one (atomic_directory).
@@ -186,9 +185,9 @@ def test_scheduler_killed_during_day_stats_recovers_by_itself(cluster):
     # What a SIGKILL of the scheduler's process group does with the LocalExecutor: the scheduler, its executor
     # workers and the task supervisors they forked share the group and die at once. The task runner (the process
     # running day_stats' code) does not: the supervisor forks it into a process group of its own (Airflow's
-    # supervisor.py, new_process_group=True), and spark-submit runs in a session of its own (tasks/process.py), so
+    # supervisor.py, new_process_group=True), and spark-submit runs in a session of its own (tasks/core/process.py), so
     # the attempt and its Spark JVM survive the scheduler, re-parented to init. Nothing tells the orphan: its logs
-    # go nowhere (no error while tasks.process logs through stdlib logging), and before tasks/process.py watched
+    # go nowhere (no error while tasks.core.process logs through stdlib logging), and before tasks/core/process.py watched
     # for it, it ran its Spark job to the end beside the retry (two jobs writing one output, on 2 cores) and died
     # only when it logged "Done" into the dead supervisor's socket (BrokenPipeError). Now it stops the JVM at once.
     assert all(right_after.values()), f"the killed attempt died with the scheduler's group: {right_after}"
@@ -221,14 +220,14 @@ def test_scheduler_killed_during_day_stats_recovers_by_itself(cluster):
     assert "spark-submit criteo_day_stats.py" in retry_log and f"day 1: day_stats {ROWS} rows" in retry_log
 
     # Outputs complete and identical to the clean day's.
-    clean_validated = verify_manifest(layout.criteo_validated_day(root, CLEAN_DAY))
-    crash_validated = verify_manifest(layout.criteo_validated_day(root, CRASH_DAY))
+    clean_validated = verify_manifest(criteo_layout.validated_day(root, CLEAN_DAY))
+    crash_validated = verify_manifest(criteo_layout.validated_day(root, CRASH_DAY))
     assert crash_validated["rows"] == clean_validated["rows"] and crash_validated["rows"]["good"] == ROWS
-    report = json.loads((layout.criteo_validated_day(root, CRASH_DAY) / "report.json").read_text())
-    crash_stats, clean_stats = verify_manifest(out), verify_manifest(layout.criteo_stats_day(root, CLEAN_DAY))
+    report = json.loads((criteo_layout.validated_day(root, CRASH_DAY) / "report.json").read_text())
+    crash_stats, clean_stats = verify_manifest(out), verify_manifest(criteo_layout.stats_day(root, CLEAN_DAY))
     assert crash_stats["rows"]["good"] == clean_stats["rows"]["good"] == ROWS
     assert crash_stats["extra"]["distinct_values"] == clean_stats["extra"]["distinct_values"]
-    assert stats_tables(out) == stats_tables(layout.criteo_stats_day(root, CLEAN_DAY))
+    assert stats_tables(out) == stats_tables(criteo_layout.stats_day(root, CLEAN_DAY))
     leftovers = sorted(p.name for p in out.parent.iterdir() if p.name.startswith(".tmp-"))
     assert leftovers == [], f"half-written output of the killed attempt left beside {out}: {leftovers}"
 

@@ -7,7 +7,7 @@ import functools
 import re
 from pathlib import Path
 
-from tasks.storage import MANIFEST_NAME
+from tasks.core.storage import MANIFEST_NAME
 
 DAY, ROWS = 0, 200
 
@@ -47,7 +47,7 @@ def snapshot(root: Path) -> dict[str, int]:
 @functools.cache
 def good_day_lines() -> tuple[bytes, ...]:
     """ROWS valid synthetic Criteo rows (no trailing newline on each)."""
-    from tasks.synthetic_criteo import CriteoDayGenerator, format_block
+    from tasks.criteo.synthetic import CriteoDayGenerator, format_block
 
     block = next(CriteoDayGenerator(seed=7).blocks(DAY, ROWS, block_rows=ROWS))
     return tuple(format_block(block).split(b"\n")[:-1])

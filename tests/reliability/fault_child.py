@@ -1,10 +1,10 @@
 """One criteo pipeline step in a fresh process, as an Airflow worker runs a task try:
 `python -m tests.reliability.fault_child <step> <spec json>`.
 
-Settings come from the RECFLOW_* environment (tasks.config.load_settings), the arguments from the spec, exactly
+Settings come from the RECFLOW_* environment (tasks.core.config.load_settings), the arguments from the spec, exactly
 as the DAG task bodies pass them. Two marked lines go to stdout for the fault-injection driver (faults.py):
 READY when imports are done and the step function is about to be called (the clock of the kill starts there),
-RESULT with the step's return value. The task's own log lines (and its children's, streamed by tasks.process)
+RESULT with the step's return value. The task's own log lines (and its children's, streamed by tasks.core.process)
 go to stdout too, so the driver can also time a kill from a line of the step's progress.
 
 Connection lookups are replaced by their documented fallbacks (no Airflow metadata DB here): the registry is the
@@ -25,12 +25,15 @@ STEPS = ("download", "validate", "day_stats", "dictionary", "transform", "train"
 
 
 def run_step(step: str, spec: dict[str, Any]) -> dict[str, Any]:
-    from tasks import criteo_dlrm, criteo_ingest, criteo_preprocess
-    from tasks.config import load_settings
+    from tasks.criteo import dlrm as criteo_dlrm
+    from tasks.criteo import ingest as criteo_ingest
+    from tasks.criteo import preprocess as criteo_preprocess
+    from tasks.core.config import load_settings
 
     settings = load_settings()
     paths = criteo_dlrm.run_paths(settings, spec.get("run_id", "fault"))
     params = spec.get("params", {})
+    run = resolved_run(spec) if params else {}
     calls = {
         "download": lambda: criteo_ingest.download_day(settings, spec["day"]),
         "validate": lambda: criteo_ingest.validate_day(settings, spec["day"], bad_row_budget=spec.get("budget")),
@@ -41,7 +44,7 @@ def run_step(step: str, spec: dict[str, Any]) -> dict[str, Any]:
         "transform": lambda: criteo_preprocess.transform_dataset(
             settings, paths.dataset, paths.dictionary, spec["train_days"], spec["test_day"], seed=params["seed"],
             spark_master=spec["spark_master"]),
-        "train": lambda: criteo_dlrm.train(settings, spec["run_id"], params),
+        "train": lambda: criteo_dlrm.train(settings, spec["run_id"], run),
         "evaluate": lambda: criteo_dlrm.evaluate(settings, spec["run_id"]),
         "publish": lambda: publish(settings, spec),
     }
@@ -49,12 +52,23 @@ def run_step(step: str, spec: dict[str, Any]) -> dict[str, Any]:
     return calls[step]()
 
 
-def publish(settings, spec: dict[str, Any]) -> dict[str, Any]:
-    """The DAG's publish task body: lineage, then publish to the store (registry: the SQLite fallback)."""
-    from tasks.criteo_dlrm import lineage, publish as push
+def resolved_run(spec: dict[str, Any]) -> dict[str, Any]:
+    """What the DAG's resolve_run task hands every later task, for the spec's window and params (demo profile)."""
+    from tasks.core.profiles import resolve_knobs
+    from tasks.criteo.profiles import KNOBS, PROFILES
 
     params = spec["params"]
-    doc = lineage(settings, spec["run_id"], params, spec["train_days"], spec["test_day"])
+    return {"train_days": spec["train_days"], "test_day": spec["test_day"], "profile": "demo",
+            "knobs": resolve_knobs(KNOBS, PROFILES, "demo", params), "nproc": params["nproc"],
+            "device": params["device"]}
+
+
+def publish(settings, spec: dict[str, Any]) -> dict[str, Any]:
+    """The DAG's publish task body: lineage, then publish to the store (registry: the SQLite fallback)."""
+    from tasks.criteo.dlrm import lineage, publish as push
+
+    params = spec["params"]
+    doc = lineage(settings, spec["run_id"], resolved_run(spec), params)
     return push(settings, spec["run_id"], datetime.fromisoformat(spec["when"]), spec["metrics"], doc,
                 model_name=params["model_name"], store_uri=spec.get("publish_uri") or None, aws_conn_id=None,
                 registry_conn_id=None)

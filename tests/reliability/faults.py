@@ -26,7 +26,7 @@ from typing import Any
 
 import psutil
 
-from tasks.storage import MANIFEST_NAME
+from tasks.core.storage import MANIFEST_NAME
 from tests.reliability.fault_child import READY, RESULT
 
 REPO = Path(__file__).resolve().parents[2]
@@ -264,7 +264,7 @@ def assert_nothing_partial_marked_complete(root: Path) -> list[str]:
         elif path.name == "latest" and path.parent.name == "checkpoints":
             assert (path.parent / path.read_text().strip()).is_file(), f"{rel} names a missing checkpoint"
         elif re.fullmatch(r"step_\d{8,}\.pt", path.name) or (path.name == "model.pt" and "versions" not in rel):
-            from models.common.checkpoint import CHECKPOINT_KIND, MODEL_KIND, safe_load
+            from models.torchkit.checkpoint import CHECKPOINT_KIND, MODEL_KIND, safe_load
 
             safe_load(path, CHECKPOINT_KIND if path.name != "model.pt" else MODEL_KIND)
         elif path.suffix == ".json":

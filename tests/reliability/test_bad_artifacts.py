@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from tasks import layout
-from tasks.config import Settings
+from tasks.criteo import layout as criteo_layout
+from tasks.core.config import Settings
 from tests.reliability.contract import DAY, ROWS, good_day_lines, nothing_complete, one_line, snapshot
 
 pytestmark = pytest.mark.reliability
@@ -52,7 +52,7 @@ def planted_file(tmp_path: Path, kind: str) -> tuple[Path, Path]:
 
 
 def checkpoint_failure(path: Path, *named: str, plain: bool = True) -> str:
-    from models.common.checkpoint import CheckpointError, load_checkpoint
+    from models.torchkit.checkpoint import CheckpointError, load_checkpoint
 
     with pytest.raises(CheckpointError) as caught:
         load_checkpoint(path)
@@ -76,7 +76,7 @@ def test_malicious_pickle_checkpoint_is_refused_without_running(tmp_path):
 
 
 def test_malicious_legacy_pickle_model_is_refused_by_evaluate_without_running(tmp_path):
-    from models.common.checkpoint import CheckpointError
+    from models.torchkit.checkpoint import CheckpointError
     from models.dlrm.evaluate import main
 
     path, marker = planted_file(tmp_path, "malicious-legacy")
@@ -89,7 +89,7 @@ def test_malicious_legacy_pickle_model_is_refused_by_evaluate_without_running(tm
 @pytest.mark.parametrize("kind", ["text", "malicious-zip", "malicious-legacy"])
 def test_safe_loader_refusal_says_why_in_plain_text(tmp_path, kind):
     """The refusal names torch's reason, in plain text, and never repeats its advice to disable weights_only."""
-    from models.common.checkpoint import CheckpointError, safe_load
+    from models.torchkit.checkpoint import CheckpointError, safe_load
 
     path, marker = planted_file(tmp_path, kind)
     with pytest.raises(CheckpointError) as caught:
@@ -104,7 +104,7 @@ def test_safe_loader_refusal_says_why_in_plain_text(tmp_path, kind):
 def test_latest_pointer_naming_a_file_outside_its_directory_is_not_followed(tmp_path):
     import torch
 
-    from models.common.checkpoint import latest_checkpoint, save_checkpoint
+    from models.torchkit.checkpoint import latest_checkpoint, save_checkpoint
 
     save_checkpoint(tmp_path / "other_run" / "checkpoints", 99, {"w": torch.zeros(1)})
     ours = save_checkpoint(tmp_path / "run" / "checkpoints", 5, {"w": torch.ones(1)})
@@ -127,7 +127,7 @@ DOTDOT_KEY = "models/../../escape"
 
 @pytest.mark.parametrize("op", sorted(STORE_OPS))
 def test_local_store_key_with_dotdot(tmp_path, op):
-    from tasks.artifact_store import open_store
+    from tasks.release.artifact_store import open_store
 
     (tmp_path / "local.bin").write_bytes(b"x")
     with pytest.raises(ValueError) as caught:
@@ -138,7 +138,7 @@ def test_local_store_key_with_dotdot(tmp_path, op):
 
 @pytest.mark.parametrize("op", ["put_bytes", "put_file", "compare_and_swap", "get_bytes"])
 def test_s3_store_key_with_dotdot(tmp_path, s3_server, s3_bucket, op):
-    from tasks.artifact_store import open_store
+    from tasks.release.artifact_store import open_store
 
     (tmp_path / "local.bin").write_bytes(b"x")
     client = s3_server.client()
@@ -149,7 +149,7 @@ def test_s3_store_key_with_dotdot(tmp_path, s3_server, s3_bucket, op):
 
 
 def test_s3_store_uri_with_dotdot_prefix(s3_server, s3_bucket):
-    from tasks.artifact_store import open_store
+    from tasks.release.artifact_store import open_store
 
     with pytest.raises(ValueError) as caught:
         open_store(f"s3://{s3_bucket}/published/../other", s3_server.client())
@@ -166,7 +166,7 @@ def model_file(tmp_path: Path) -> Path:
 
 def publish_failure(tmp_path: Path, error: type, *named: str, model: str = "criteo_dlrm", version: str = "v1",
                     files: dict | None = None) -> None:
-    from tasks.publish import publish_model
+    from tasks.release.publish import publish_model
 
     store = tmp_path / "store"
     with pytest.raises(error) as caught:
@@ -202,12 +202,12 @@ def test_published_file_name_with_dotdot(tmp_path, model_file):
 
 def validated_day(tmp_path: Path, good_lines: list[bytes]) -> None:
     """A raw day with a passed validation (its manifest written directly: GX would add ~1 s per test)."""
-    from tasks.storage import Manifest, write_manifest
+    from tasks.core.storage import Manifest, write_manifest
 
-    raw = layout.criteo_raw_day(tmp_path, DAY)
+    raw = criteo_layout.raw_day(tmp_path, DAY)
     raw.parent.mkdir(parents=True)
     raw.write_bytes(b"\n".join(good_lines) + b"\n")
-    out = layout.criteo_validated_day(tmp_path, DAY)
+    out = criteo_layout.validated_day(tmp_path, DAY)
     out.mkdir(parents=True)
     write_manifest(out, Manifest(kind="criteo_validated_day", inputs={}, rows={"total": ROWS, "good": ROWS}))
 
@@ -217,13 +217,13 @@ def fake_spark_submit(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, body: str
     script.parent.mkdir()
     script.write_text(f"#!{sys.executable}\nimport sys\n{body}\n")
     script.chmod(0o755)
-    monkeypatch.setattr("tasks.spark_submit.spark_submit_binary", lambda: str(script))
+    monkeypatch.setattr("tasks.core.spark_submit.spark_submit_binary", lambda: str(script))
     return script
 
 
 def test_spark_job_crash_is_one_line_and_leaves_no_stats(tmp_path, good_lines, monkeypatch):
-    from tasks.criteo_ingest import day_stats
-    from tasks.spark_submit import SparkJobFailed
+    from tasks.criteo.ingest import day_stats
+    from tasks.core.spark_submit import SparkJobFailed
 
     validated_day(tmp_path, good_lines)
     fake_spark_submit(tmp_path, monkeypatch, "\n".join([
@@ -233,11 +233,11 @@ def test_spark_job_crash_is_one_line_and_leaves_no_stats(tmp_path, good_lines, m
     with pytest.raises(SparkJobFailed) as caught:
         day_stats(Settings(data_root=tmp_path), DAY)
     one_line(caught.value, "criteo_day_stats.py failed (exit 3): ValueError: day_0 has no column int_13")
-    nothing_complete(layout.criteo_stats_day(tmp_path, DAY))
+    nothing_complete(criteo_layout.stats_day(tmp_path, DAY))
 
 
 def test_unknown_spark_profile_starts_nothing(tmp_path, good_lines, monkeypatch):
-    from tasks.criteo_ingest import day_stats
+    from tasks.criteo.ingest import day_stats
 
     validated_day(tmp_path, good_lines)
     marker = tmp_path / "spark-ran"
@@ -246,4 +246,4 @@ def test_unknown_spark_profile_starts_nothing(tmp_path, good_lines, monkeypatch)
         day_stats(Settings(data_root=tmp_path), DAY, spark_profile="turbo")
     one_line(caught.value, "unknown Spark profile 'turbo'; expected one of local, cluster, gpu")
     assert not marker.exists()
-    nothing_complete(layout.criteo_stats_day(tmp_path, DAY))
+    nothing_complete(criteo_layout.stats_day(tmp_path, DAY))

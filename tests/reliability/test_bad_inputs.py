@@ -19,10 +19,10 @@ import numpy as np
 import pytest
 import yaml
 
-from tasks import layout
-from tasks.config import Settings
-from tasks.criteo_schema import RAW_COLUMNS
-from tasks.storage import MANIFEST_NAME
+from tasks.criteo import layout as criteo_layout
+from tasks.core.config import Settings
+from tasks.criteo.schema import RAW_COLUMNS
+from tasks.core.storage import MANIFEST_NAME
 from tests.reliability.contract import DAY, ROWS, good_day_lines, nothing_complete, one_line, snapshot
 from tests.servers import free_port
 
@@ -52,16 +52,16 @@ def column_of(line: bytes, name: str) -> int:
 
 def validate(tmp_path: Path, data: bytes, budget: float = 0.0, block_bytes: int = 64 << 20) -> dict:
     """The validate_raw task function on a raw day holding `data`."""
-    from tasks.criteo_ingest import validate_day
+    from tasks.criteo.ingest import validate_day
 
-    raw = layout.criteo_raw_day(tmp_path, DAY)
+    raw = criteo_layout.raw_day(tmp_path, DAY)
     raw.parent.mkdir(parents=True, exist_ok=True)
     raw.write_bytes(data)
     return validate_day(Settings(data_root=tmp_path, validation_block_bytes=block_bytes), DAY, bad_row_budget=budget)
 
 
 def validation_failure(tmp_path: Path, data: bytes, *named: str, **kw) -> str:
-    from tasks.raw_validation import DataQualityError
+    from tasks.criteo.raw_validation import DataQualityError
 
     with pytest.raises(DataQualityError) as caught:
         validate(tmp_path, data, **kw)
@@ -91,7 +91,7 @@ def test_bad_row_fails_the_day_naming_line_field_and_column(tmp_path, good_lines
     where = f"day_0 line {BAD_LINE}"
     if field:
         where += f", field {RAW_COLUMNS.index(field) + 1} ({field}), column {column_of(lines[BAD_LINE - 1], field)}"
-    out = layout.criteo_validated_day(tmp_path, DAY)
+    out = criteo_layout.validated_day(tmp_path, DAY)
     validation_failure(tmp_path, b"\n".join(lines) + b"\n", f"day_0: 1 bad rows of {ROWS}",
                        f"first: {where}: {reason}", str(out))
     assert len((out / "quarantine.jsonl").read_text().splitlines()) == 1  # kept for a person to read
@@ -118,7 +118,7 @@ def test_categorical_column_always_empty_is_valid(tmp_path, good_lines):
     lines = [with_field(line, "cat_3", b"") for line in good_lines]
     result = validate(tmp_path, b"\n".join(lines) + b"\n")
     assert (result["total"], result["bad"]) == (ROWS, 0)
-    assert (layout.criteo_validated_day(tmp_path, DAY) / MANIFEST_NAME).is_file()
+    assert (criteo_layout.validated_day(tmp_path, DAY) / MANIFEST_NAME).is_file()
 
 
 def test_bad_row_within_budget_is_quarantined_and_the_day_passes(tmp_path, good_lines):
@@ -126,7 +126,7 @@ def test_bad_row_within_budget_is_quarantined_and_the_day_passes(tmp_path, good_
     lines[BAD_LINE - 1] = with_field(lines[BAD_LINE - 1], "int_2", b"x")
     result = validate(tmp_path, b"\n".join(lines) + b"\n", budget=0.01)
     assert (result["good"], result["bad"]) == (ROWS - 1, 1)
-    out = layout.criteo_validated_day(tmp_path, DAY)
+    out = criteo_layout.validated_day(tmp_path, DAY)
     quarantined = [json.loads(row) for row in (out / "quarantine.jsonl").read_text().splitlines()]
     assert [(q["line"], q["column_name"], q["file"]) for q in quarantined] == [(BAD_LINE, "int_2", "day_0")]
     assert (out / MANIFEST_NAME).is_file()
@@ -137,9 +137,9 @@ def test_bad_row_within_budget_is_quarantined_and_the_day_passes(tmp_path, good_
 
 def download_failure(tmp_path: Path, url: str, error: type, *named: str, **kw) -> str:
     """download() into the raw area must raise `error` and leave neither destination, sidecar nor .part."""
-    from tasks.download import download
+    from tasks.core.download import download
 
-    destination = layout.criteo_raw_day(tmp_path, DAY)
+    destination = criteo_layout.raw_day(tmp_path, DAY)
     with pytest.raises(error) as caught:
         download(url, destination, **kw)
     message = one_line(caught.value, *named)
@@ -155,14 +155,14 @@ def gzip_source(tmp_path: Path, good_lines: list[bytes], cut) -> str:
 
 
 def test_truncated_gzip(tmp_path, good_lines):
-    from tasks.download import DownloadError
+    from tasks.core.download import DownloadError
 
     url = gzip_source(tmp_path, good_lines, lambda gz: gz[: len(gz) // 2])
     download_failure(tmp_path, url, DownloadError, "corrupt or truncated gzip", f"(from {url})", "compressed byte")
 
 
 def test_corrupt_gzip(tmp_path, good_lines):
-    from tasks.download import DownloadError
+    from tasks.core.download import DownloadError
 
     def corrupt(gz: bytes) -> bytes:
         middle = len(gz) // 2
@@ -173,28 +173,28 @@ def test_corrupt_gzip(tmp_path, good_lines):
 
 
 def test_gzip_truncated_to_zero_bytes(tmp_path, good_lines):
-    from tasks.download import DownloadError
+    from tasks.core.download import DownloadError
 
     url = gzip_source(tmp_path, good_lines, lambda gz: b"")
     download_failure(tmp_path, url, DownloadError, "gzip", url)
 
 
 def test_unreachable_source(tmp_path):
-    from tasks.download import DownloadError
+    from tasks.core.download import DownloadError
 
     url = f"http://127.0.0.1:{free_port()}/day_0"  # nothing listens there
     download_failure(tmp_path, url, DownloadError, f"cannot reach {url}", "Connection refused", timeout_s=5)
 
 
 def test_http_404(tmp_path, http_server):
-    from tasks.download import SourceNotFound
+    from tasks.core.download import SourceNotFound
 
     url = http_server.url("criteo/day_0")
     download_failure(tmp_path, url, SourceNotFound, f"HTTP 404 for {url}")
 
 
 def test_checksum_mismatch(tmp_path, http_server, good_lines):
-    from tasks.download import ChecksumMismatch
+    from tasks.core.download import ChecksumMismatch
 
     (http_server.root / "day_0").write_bytes(b"\n".join(good_lines))
     wrong = hashlib.sha256(b"another file").hexdigest()
@@ -204,7 +204,7 @@ def test_checksum_mismatch(tmp_path, http_server, good_lines):
 
 
 def test_s3_uri_with_dotdot_key(tmp_path, s3_server, s3_bucket):
-    from tasks.download import DownloadError
+    from tasks.core.download import DownloadError
 
     client = s3_server.client()
     client.put_object(Bucket=s3_bucket, Key="secret", Body=b"not for criteo")
@@ -213,14 +213,14 @@ def test_s3_uri_with_dotdot_key(tmp_path, s3_server, s3_bucket):
 
 
 def test_s3_missing_key(tmp_path, s3_server, s3_bucket):
-    from tasks.download import SourceNotFound
+    from tasks.core.download import SourceNotFound
 
     url = f"s3://{s3_bucket}/raw/day_0"
     download_failure(tmp_path, url, SourceNotFound, f"S3 NoSuchKey for {url}", s3_client=s3_server.client())
 
 
 def test_credentials_in_source_url_are_refused_without_echoing_them(tmp_path):
-    from tasks.download import DownloadError
+    from tasks.core.download import DownloadError
 
     message = download_failure(tmp_path, "https://reader:fake-password@example.invalid/day_0", DownloadError,
                                "credentials in source URL https://example.invalid/day_0")
@@ -241,7 +241,7 @@ def _rows(n: int, seed: int) -> tuple:
 
 @pytest.fixture(scope="module")
 def dataset_template(tmp_path_factory) -> Path:
-    from tasks.split_binary import write_dataset
+    from tasks.formats.split_binary import write_dataset
 
     out = tmp_path_factory.mktemp("template") / "dataset"
     write_dataset(out, {"train": [_rows(20, 1)], "test": [_rows(10, 2)], "validation": [_rows(10, 3)]},
@@ -251,7 +251,7 @@ def dataset_template(tmp_path_factory) -> Path:
 
 @pytest.fixture
 def dataset(dataset_template: Path, tmp_path: Path) -> Path:
-    from tasks.criteo_preprocess import validate_dataset
+    from tasks.criteo.preprocess import validate_dataset
 
     copy = shutil.copytree(dataset_template, tmp_path / "dataset")
     assert validate_dataset(copy)["rows"] == {"train": 20, "test": 10, "validation": 10}  # valid before the edit
@@ -259,7 +259,7 @@ def dataset(dataset_template: Path, tmp_path: Path) -> Path:
 
 
 def dataset_failure(dataset: Path, *named: str) -> str:
-    from tasks.criteo_preprocess import DatasetInvalid, validate_dataset
+    from tasks.criteo.preprocess import DatasetInvalid, validate_dataset
 
     before = snapshot(dataset)
     with pytest.raises(DatasetInvalid) as caught:
@@ -338,7 +338,7 @@ def test_bad_split_binary_file_is_named(dataset, edit, named):
 
 
 def test_writer_refuses_ids_at_cardinality_and_writes_nothing(tmp_path):
-    from tasks.split_binary import write_dataset
+    from tasks.formats.split_binary import write_dataset
 
     label, numerical, cats = _rows(10, 4)
     cats[3, 1] = CARDINALITIES[1]

@@ -26,10 +26,13 @@ from pathlib import Path
 
 import pytest
 
-from tasks import layout
-from tasks.config import Settings
-from tasks.storage import MANIFEST_NAME
-from tests.reliability.fault_child import READY
+from tasks.core import layout
+
+from tasks.criteo import layout as criteo_layout
+from tasks.criteo.settings import CriteoSettings
+from tasks.core.config import Settings
+from tasks.core.storage import MANIFEST_NAME
+from tests.reliability.fault_child import READY, resolved_run
 from tests.reliability.faults import (
     Attempt, StepProcess, assert_manifest_verifies, assert_nothing_partial_marked_complete, env_for, file_digests,
     leftover_temporaries, manifest_content, parquet_rows, run_clean,
@@ -54,7 +57,7 @@ PARAMS = {
     "dictionary_days": "train", "bottom_mlp": "64,32", "top_mlp": "128,64,1", "batch_size": 256, "lr": 0.5,
     "epochs": 4, "warmup_steps": 5, "decay_start_step": 50, "decay_steps": 20, "limit_train_batches": None,
     "checkpoint_every_steps": CHECKPOINT_EVERY, "log_every_steps": 1, "seed": 12345, "nproc": 1, "device": "cpu",
-    "amp": False, "min_auc": 0.6, "max_regression": 0.005, "model_name": "criteo_dlrm", "publish_uri": "",
+    "amp": False, "min_auc": 0.6, "max_regression": 0.005, "model_name": "criteo_dlrm", "publish_uri": None,
     "aws_conn_id": "aws_default",
 }
 SEEDS = {"download": (1, 2, 3), "validate": (1, 2, 3), "day_stats": (1, 2), "dictionary": (1, 2),
@@ -99,7 +102,7 @@ class Golden:
 
 def write_big_day(path: Path) -> int:
     """BIG_ROWS synthetic rows with a malformed label every BAD_EVERY rows (quarantined, under the 0.1% budget)."""
-    from tasks.synthetic_criteo import CriteoDayGenerator, write_criteo_day
+    from tasks.criteo.synthetic import CriteoDayGenerator, write_criteo_day
 
     write_criteo_day(path, BIG_DAY, BIG_ROWS, generator=CriteoDayGenerator(seed=17))
     lines = path.read_bytes().split(b"\n")
@@ -126,7 +129,7 @@ def clean_step(golden: Golden, step: str, root: Path, spec: dict | None = None) 
 def http_source(tmp_path_factory):
     """The day files behind a local HTTP server with Range support (the real source is HTTP(S))."""
     from tests.http_range_server import start_range_server
-    from tasks.synthetic_criteo import ensure_days
+    from tasks.criteo.synthetic import ensure_days
 
     source = tmp_path_factory.mktemp("source")
     ensure_days(source, [*TRAIN_DAYS, TEST_DAY], ROWS, seed=11)
@@ -142,8 +145,8 @@ def http_source(tmp_path_factory):
 @pytest.fixture(scope="module")
 def golden(tmp_path_factory, http_source) -> Golden:
     """Every step run once, cleanly, in the order of the DAGs; the data root copied before each measured step."""
-    from tasks.criteo_dlrm import gate, publish
-    from tasks.criteo_ingest import day_stats, download_day, validate_day
+    from tasks.criteo.dlrm import gate, publish
+    from tasks.criteo.ingest import day_stats, download_day, validate_day
 
     _, template, _, _ = http_source
     golden = Golden(base=tmp_path_factory.mktemp("golden"), source_template=template)
@@ -153,20 +156,21 @@ def golden(tmp_path_factory, http_source) -> Golden:
     clean_step(golden, "validate", golden.ingest_root)
 
     root = golden.root = golden.base / "pipeline"
-    settings = Settings(data_root=root, criteo_source=template)
+    settings = Settings(data_root=root)
+    criteo = CriteoSettings(source=template)
     for day in [*TRAIN_DAYS, TEST_DAY]:  # the unmeasured ingest steps run in-process: no interpreter start-ups
-        download_day(settings, day)
+        download_day(settings, day, criteo=criteo)
         validate_day(settings, day)
     day_stats(settings, TEST_DAY, spark_master=SPARK)
     clean_step(golden, "day_stats", root)
     for step in ("dictionary", "transform", "train", "evaluate"):
         clean_step(golden, step, root)
     # The DAG's gate registers the run; an older version is already published, so `latest` exists before the kill.
-    window = {"train_days": TRAIN_DAYS, "test_day": TEST_DAY}
+    run = resolved_run({"train_days": TRAIN_DAYS, "test_day": TEST_DAY, "params": PARAMS})
     metrics = golden.clean["evaluate"].result
-    assert gate(settings, RUN_ID, metrics, PARAMS, window, registry_conn_id=None)["passed"]
+    assert gate(settings, RUN_ID, metrics, run, model_name="criteo_dlrm", registry_conn_id=None)["passed"]
     shutil.copytree(run_dir(root), layout.run_dir(root, "criteo_dlrm", "previous"))
-    gate(settings, "previous", metrics, PARAMS, window, registry_conn_id=None)
+    gate(settings, "previous", metrics, run, model_name="criteo_dlrm", registry_conn_id=None)
     publish(settings, "previous", PREVIOUS_WHEN, metrics, {"run_id": "previous"}, model_name="criteo_dlrm",
             registry_conn_id=None)
     clean_step(golden, "publish", root)
@@ -268,7 +272,7 @@ def assert_same_manifest_but_file_list(out: Path, root: Path, clean_out: Path, c
 def test_download_killed_then_retried(golden, http_source, tmp_path, seed):
     source, _, server, _ = http_source
     root = seed_root(golden, tmp_path, "download")
-    raw = layout.criteo_raw_day(root, BIG_DAY)
+    raw = criteo_layout.raw_day(root, BIG_DAY)
     expected = (source / f"day_{BIG_DAY}").read_bytes()
     kill_step(golden, "download", seed, root)
     # The final name appears only complete (rename), and the sidecar only after it.
@@ -285,7 +289,7 @@ def test_download_killed_then_retried(golden, http_source, tmp_path, seed):
     assert raw.read_bytes() == expected
     assert not part.exists()
     clean_root = golden.before["validate"]
-    assert (raw.parent / sidecar).read_bytes() == (layout.criteo_raw_day(clean_root, BIG_DAY).parent / sidecar
+    assert (raw.parent / sidecar).read_bytes() == (criteo_layout.raw_day(clean_root, BIG_DAY).parent / sidecar
                                                   ).read_bytes()
     # A completed attempt's retry is a verified cache hit; otherwise it downloads (or resumes) like a clean run.
     assert attempt.result["cached"] is finished
@@ -302,12 +306,12 @@ def test_download_killed_then_retried(golden, http_source, tmp_path, seed):
 def test_validate_killed_then_retried(golden, http_source, tmp_path, seed):
     *_, bad_rows = http_source
     root = seed_root(golden, tmp_path, "validate")
-    out = layout.criteo_validated_day(root, BIG_DAY)
+    out = criteo_layout.validated_day(root, BIG_DAY)
     kill_step(golden, "validate", seed, root)
     assert_complete_or_absent(out)
 
     attempt = retry(golden, "validate", root)
-    clean_out = layout.criteo_validated_day(golden.ingest_root, BIG_DAY)
+    clean_out = criteo_layout.validated_day(golden.ingest_root, BIG_DAY)
     assert attempt.result["bad"] == bad_rows and attempt.result["good"] == BIG_ROWS - bad_rows
     assert (out / "quarantine.jsonl").read_bytes() == (clean_out / "quarantine.jsonl").read_bytes()
     assert report_content(out) == report_content(clean_out)
@@ -330,7 +334,7 @@ def report_content(directory: Path) -> dict:
 @pytest.mark.parametrize("seed", SEEDS["day_stats"])
 def test_day_stats_killed_then_retried(golden, tmp_path, seed):
     out, clean_out, root, attempt = killed_then_retried(
-        golden, tmp_path, "day_stats", seed, lambda root: layout.criteo_stats_day(root, TRAIN_DAYS[0]))
+        golden, tmp_path, "day_stats", seed, lambda root: criteo_layout.stats_day(root, TRAIN_DAYS[0]))
     assert attempt.result["rows"] == ROWS
     for part in ("columnar", "counts"):
         assert parquet_rows(out / part).equals(parquet_rows(clean_out / part)), part
@@ -383,7 +387,7 @@ def train_records(train_dir: Path) -> list[dict]:
 
 @pytest.mark.parametrize("seed", SEEDS["train"])
 def test_train_killed_resumes_from_last_checkpoint(golden, tmp_path, seed):
-    from models.common.checkpoint import latest_checkpoint
+    from models.torchkit.checkpoint import latest_checkpoint
 
     root = seed_root(golden, tmp_path, "train")
     train_dir = run_dir(root) / "train"
@@ -447,8 +451,8 @@ def test_evaluate_killed_then_retried(golden, tmp_path, seed):
 def store_state(store_uri: str, s3_client=None) -> dict:
     """What a consumer sees: latest (the pointer or the newest committed version) and every committed version,
     each verified file by file against its manifest through the consumer API."""
-    from tasks.artifact_store import open_store
-    from tasks.publish import _committed_versions, _read_manifest, fetch_published_file, latest_version
+    from tasks.release.artifact_store import open_store
+    from tasks.release.publish import _committed_versions, _read_manifest, fetch_published_file, latest_version
 
     store = open_store(store_uri, s3_client)
     latest = latest_version(store_uri, "criteo_dlrm", s3_client)
@@ -467,7 +471,7 @@ def store_state(store_uri: str, s3_client=None) -> dict:
 
 
 def registry_latest(root: Path) -> str | None:
-    from tasks.registry import Registry
+    from tasks.release.registry import Registry
 
     with Registry("sqlite:///" + str(root / "registry.db")) as registry:
         alias = registry.alias("criteo_dlrm")
@@ -475,7 +479,7 @@ def registry_latest(root: Path) -> str | None:
 
 
 def check_publish(golden: Golden, root: Path, store_uri: str, killed_state: dict, final_state: dict) -> None:
-    from tasks.publish import make_version
+    from tasks.release.publish import make_version
 
     version, previous = make_version(WHEN, RUN_ID), make_version(PREVIOUS_WHEN, "previous")
     # After the kill: latest is the previous version, or the new one only if the new one is complete.
@@ -520,7 +524,7 @@ def test_publish_killed_then_retried(golden, tmp_path, seed):
 
 
 def make_previous() -> str:
-    from tasks.publish import make_version
+    from tasks.release.publish import make_version
 
     return make_version(PREVIOUS_WHEN, "previous")
 
@@ -528,7 +532,7 @@ def make_previous() -> str:
 @pytest.fixture(scope="module")
 def s3_publish(golden, s3_server, tmp_path_factory):
     """The publish step against moto's S3: a bucket holding the previous version, and a clean timed publish."""
-    from tasks.publish import publish_model
+    from tasks.release.publish import publish_model
 
     client = s3_server.client()
     client.create_bucket(Bucket="faults")

@@ -286,7 +286,7 @@ def unsafe_load_findings(rel: str, source: str) -> list[str]:
 
 def test_no_shell_in_dags_tasks_spark_jobs_models_scripts():
     files = python_files(SHIPPED_CODE)
-    assert {"tasks/process.py", "tasks/spark_submit.py"} <= set(files)
+    assert {"tasks/core/process.py", "tasks/core/spark_submit.py"} <= set(files)
     assert [f for rel in files for f in shell_findings(rel, text_of(rel))] == []
 
 
@@ -428,9 +428,9 @@ def test_scanner_finds_planted_unrequired_compose_secrets(snippet, found):
 
 
 def test_file_source_outside_the_allowed_roots_is_refused(tmp_path):
-    from tasks.config import load_settings
-    from tasks.criteo_ingest import download_day
-    from tasks.download import DownloadError
+    from tasks.core.config import load_settings
+    from tasks.criteo.ingest import download_day
+    from tasks.core.download import DownloadError
     from tests.reliability.contract import nothing_complete, one_line
 
     data, outside = tmp_path / "data", tmp_path / "elsewhere"

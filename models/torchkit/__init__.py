@@ -1,0 +1,1 @@
+"""PyTorch-only training utilities: checkpoints with a safe loader, torch.distributed setup."""

@@ -1,0 +1,169 @@
+"""Training checkpoints: atomic writes by rank 0, a pointer to the newest one, a loader that never runs pickled code.
+
+Layout under a run's output dir:
+  checkpoints/step_00001000.pt   one file per saved step
+  checkpoints/latest             text file naming the newest complete step file (no symlink: S3/FUSE-safe)
+
+Everything we store is a tensor, dict, list, int, float, str, bool or None, so `torch.load(weights_only=True)` can
+read it back; a file that needs anything else (a pickled object, a class) is rejected, not executed.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import re
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from tasks.core.storage import atomic_file, write_text_atomic
+
+log = logging.getLogger(__name__)
+
+CHECKPOINT_KIND = "recflow.checkpoint"
+MODEL_KIND = "recflow.model"
+FORMAT_VERSION = 1
+LATEST_POINTER = "latest"
+_STEP_FILE = re.compile(r"^step_(\d{8,})\.pt$")
+
+
+class CheckpointError(ValueError):
+    """A file that is not a readable recflow checkpoint / model file (message is one line naming the file)."""
+
+
+def checkpoint_file(directory: Path, step: int) -> Path:
+    return directory / f"step_{step:08d}.pt"
+
+
+def write_torch_atomic(path: Path, payload: dict[str, Any]) -> None:
+    """torch.save into a temporary sibling, fsync, rename over `path`: readers never see half a file."""
+    with atomic_file(path, "wb") as f:
+        torch.save(payload, f)
+    _fsync_directory(path.parent)
+
+
+def _fsync_directory(directory: Path) -> None:
+    # The rename is only durable once the directory entry is on disk (matters for power loss, not for kills).
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def save_checkpoint(directory: Path, step: int, state: dict[str, Any], keep_last: int = 3) -> Path:
+    """Write `state` as checkpoint `step`, point `latest` at it, and delete all but the newest `keep_last` files.
+
+    Call on rank 0 only. The pointer is written after the step file, so it always names a complete file.
+    """
+    directory.mkdir(parents=True, exist_ok=True)
+    path = checkpoint_file(directory, step)
+    write_torch_atomic(path, {"kind": CHECKPOINT_KIND, "version": FORMAT_VERSION, "step": step, **state})
+    write_text_atomic(directory / LATEST_POINTER, path.name + "\n")
+    if keep_last > 0:
+        for old in _step_files(directory)[:-keep_last]:
+            if old != path:
+                old.unlink(missing_ok=True)
+    return path
+
+
+def _step_files(directory: Path) -> list[Path]:
+    """Complete step files in step order (temporaries of killed writers are named .tmp-* and never match)."""
+    found = [(int(m.group(1)), p) for p in directory.glob("step_*.pt") if (m := _STEP_FILE.match(p.name))]
+    return [p for _, p in sorted(found)]
+
+
+def latest_checkpoint(directory: Path) -> Path | None:
+    """The newest complete checkpoint in `directory`, or None.
+
+    Follows the `latest` pointer; if the pointer is missing or stale (killed between the two renames), falls back to
+    the highest-numbered step file.
+    """
+    if not directory.is_dir():
+        return None
+    pointer = directory / LATEST_POINTER
+    if pointer.is_file():
+        name = pointer.read_text().strip()
+        # Only a bare step-file name is followed: a pointer must never lead to another run's directory.
+        if _STEP_FILE.fullmatch(name) and (directory / name).is_file():
+            return directory / name
+        log.warning("checkpoint pointer %s names %r, not a step file here; using the newest step file", pointer, name)
+    files = _step_files(directory)
+    return files[-1] if files else None
+
+
+_CONTROL = re.compile(r"\x1b\[[0-9;]*m|[\x00-\x1f\x7f]")
+
+
+def _refusal_reason(exc: Exception) -> str:
+    """The reason torch's weights_only loader gave, as one plain line. Its message also advises re-running with
+    weights_only=False; that advice is never repeated."""
+    text = _CONTROL.sub(" ", str(exc))
+    match = re.search(r"WeightsUnpickler error:\s*(.*?)(?:\s{2,}|\. Please use|Check the documentation|$)", text)
+    reason = match.group(1) if match else text.strip().split("  ")[0]
+    reason = re.sub(r"\s+", " ", reason).strip()
+    return reason[:300] or type(exc).__name__
+
+
+def safe_load(path: Path, kind: str, map_location: str | torch.device = "cpu") -> dict[str, Any]:
+    """Load a recflow file of the given kind with `torch.load(weights_only=True)`; CheckpointError otherwise."""
+    try:
+        payload = torch.load(path, weights_only=True, map_location=map_location)
+    except FileNotFoundError:
+        raise CheckpointError(f"{path}: no such checkpoint file") from None
+    except Exception as exc:  # torch raises UnpicklingError, RuntimeError, EOFError... for foreign files
+        raise CheckpointError(
+            f"{path}: not a {kind} file (safe loader refused it: {type(exc).__name__}: {_refusal_reason(exc)})"
+        ) from None
+    if not isinstance(payload, dict) or payload.get("kind") != kind:
+        found = payload.get("kind") if isinstance(payload, dict) else type(payload).__name__
+        raise CheckpointError(f"{path}: not a {kind} file (kind is {found!r})")
+    if payload.get("version") != FORMAT_VERSION:
+        raise CheckpointError(f"{path}: {kind} format version {payload.get('version')!r}, expected {FORMAT_VERSION}")
+    return payload
+
+
+def load_checkpoint(path: Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:
+    return safe_load(path, CHECKPOINT_KIND, map_location)
+
+
+def capture_rng_state() -> dict[str, Any]:
+    """torch / CUDA / numpy / python RNG states as tensors, lists and numbers (weights_only-safe)."""
+    np_name, np_keys, np_pos, np_has_gauss, np_cached = np.random.get_state()
+    py_version, py_state, py_gauss = random.getstate()
+    return {
+        "torch": torch.get_rng_state(),
+        "cuda": list(torch.cuda.get_rng_state_all()) if torch.cuda.is_available() else [],
+        "numpy": {
+            "name": str(np_name),
+            "keys": torch.from_numpy(np.asarray(np_keys, dtype=np.int64)),
+            "pos": int(np_pos),
+            "has_gauss": int(np_has_gauss),
+            "cached_gaussian": float(np_cached),
+        },
+        "python": {"version": int(py_version), "state": [int(v) for v in py_state], "gauss_next": py_gauss},
+    }
+
+
+def restore_rng_state(state: dict[str, Any]) -> None:
+    """Inverse of capture_rng_state (CUDA states only restored when the same number of devices is visible)."""
+    torch.set_rng_state(state["torch"].cpu())
+    cuda_states = state.get("cuda") or []
+    if cuda_states and torch.cuda.is_available() and len(cuda_states) == torch.cuda.device_count():
+        torch.cuda.set_rng_state_all([s.cpu() for s in cuda_states])
+    np_state = state["numpy"]
+    np.random.set_state(
+        (
+            np_state["name"],
+            np_state["keys"].numpy().astype(np.uint32),
+            np_state["pos"],
+            np_state["has_gauss"],
+            np_state["cached_gaussian"],
+        )
+    )
+    py_state = state["python"]
+    random.setstate((py_state["version"], tuple(py_state["state"]), py_state["gauss_next"]))

@@ -1,0 +1,1 @@
+"""Criteo Spark jobs (spark-submit entry points): day stats, dictionary, transform."""

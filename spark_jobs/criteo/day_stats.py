@@ -1,0 +1,116 @@
+"""Per-day Criteo statistics: a typed parquet copy of the day and its categorical value counts.
+
+  spark-submit spark_jobs/criteo/day_stats.py --input day_N --output stats/day=N --day N [--inputs-json '{...}']
+
+Rows that break the raw-format rules (the same rules validate_raw applied, from tasks.criteo.schema) are dropped,
+so the columnar copy holds exactly the rows validation called good; the task compares the two counts. Counts are
+(column, value, count) with column = categorical index 0..25 (NVIDIA's column_id), the input of frequency
+thresholding: a training window's dictionary is the sum of its days' counts, never a rescan of raw days.
+
+Memory: Spark streams the text split by split; the only shuffle is the counts aggregation, which spills. Nothing
+scales with the day in the driver.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from spark_jobs.common import configure_logging, log, run_job, spark_session
+from tasks.criteo.schema import CAT_COLUMNS, CAT_PATTERN, INT_COLUMNS, INT_PATTERN, LABEL, LABEL_PATTERN, RAW_COLUMNS
+from tasks.core.storage import Manifest, atomic_directory, write_manifest
+
+COLUMNAR = "columnar"
+COUNTS = "counts"
+ROW_ORDER = "row_order"
+
+
+@dataclass(frozen=True)
+class DayStatsResult:
+    day: int
+    rows: int
+    distinct_values: dict[str, int]
+    output: str
+
+
+def java_regex(pattern: str) -> str:
+    """Our patterns anchored with `$`; Java's `$` also matches before a final line terminator, `\\z` does not."""
+    return pattern.removesuffix("$") + "\\z"
+
+
+def typed_rows(spark, path: str):
+    """The day's rows that pass the raw-format rules, typed: label tinyint, int_* bigint, cat_* string (null =
+    empty), plus `row_order`, increasing in file order (the test/validation split of a day is by file order)."""
+    from pyspark.sql import functions as F
+
+    lines = spark.read.option("lineSep", "\n").text(path)
+    # One file's splits become partitions in offset order, so (partition, index) ids increase down the file.
+    ordered = lines.select(F.col("value"), F.monotonically_increasing_id().alias(ROW_ORDER))
+    fields = ordered.select(F.split(F.col("value"), "\t", -1).alias("f"), ROW_ORDER).where(
+        F.size("f") == len(RAW_COLUMNS))
+    named = fields.select(*[F.col("f")[i].alias(name) for i, name in enumerate(RAW_COLUMNS)], ROW_ORDER)
+    valid = F.col(LABEL).rlike(java_regex(LABEL_PATTERN))
+    for name in INT_COLUMNS:
+        valid = valid & ((F.col(name) == "") | F.col(name).rlike(java_regex(INT_PATTERN)))
+    for name in CAT_COLUMNS:
+        valid = valid & ((F.col(name) == "") | F.col(name).rlike(java_regex(CAT_PATTERN)))
+    good = named.where(valid)
+
+    def empty_to_null(name: str):
+        return F.when(F.col(name) == "", None).otherwise(F.col(name))
+
+    return good.select(
+        F.col(LABEL).cast("tinyint").alias(LABEL),
+        *[empty_to_null(name).cast("bigint").alias(name) for name in INT_COLUMNS],
+        *[empty_to_null(name).alias(name) for name in CAT_COLUMNS],
+        F.col(ROW_ORDER),
+    )
+
+
+def value_counts(columnar):
+    """(column, value, count) over the 26 categoricals; nulls (missing values) are not counted."""
+    from pyspark.sql import functions as F
+
+    exploded = columnar.select(F.posexplode(F.array(*[F.col(c) for c in CAT_COLUMNS])).alias("column", "value"))
+    return exploded.where(F.col("value").isNotNull()).groupBy("column", "value").agg(F.count("*").alias("count"))
+
+
+def parse_args(argv: Sequence[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description="typed parquet copy + categorical value counts of one Criteo day")
+    parser.add_argument("--input", required=True, help="raw day file (TSV)")
+    parser.add_argument("--output", required=True, type=Path, help="output directory (replaced atomically)")
+    parser.add_argument("--day", required=True, type=int)
+    parser.add_argument("--inputs-json", default="{}", help="what identifies this work, recorded in the manifest")
+    return parser.parse_args(argv)
+
+
+def main(argv: Sequence[str]) -> DayStatsResult:
+    args = parse_args(argv)
+    configure_logging(f"day_stats day={args.day}")
+    spark = spark_session(f"recflow day_stats day={args.day}")
+    with atomic_directory(args.output) as tmp:
+        log.info("reading %s", args.input)
+        typed_rows(spark, args.input).write.parquet(str(tmp / COLUMNAR))
+        columnar = spark.read.parquet(str(tmp / COLUMNAR))
+        rows = columnar.count()
+        log.info("columnar copy: %d rows", rows)
+        value_counts(columnar).write.parquet(str(tmp / COUNTS))
+        counts = spark.read.parquet(str(tmp / COUNTS))
+        per_column = {int(r["column"]): int(r["n"]) for r in counts.groupBy("column").count()
+                      .withColumnRenamed("count", "n").collect()}
+        distinct = {CAT_COLUMNS[i]: per_column.get(i, 0) for i in range(len(CAT_COLUMNS))}
+        log.info("distinct values per column: %s", distinct)
+        manifest = Manifest(kind="criteo_day_stats", inputs=json.loads(args.inputs_json), rows={"good": rows},
+                            extra={"day": args.day, "distinct_values": distinct})
+        write_manifest(tmp, manifest)
+    spark.stop()
+    return DayStatsResult(args.day, rows, distinct, str(args.output))
+
+
+if __name__ == "__main__":
+    result = run_job(main, sys.argv[1:])
+    print(json.dumps(asdict(result)))

@@ -1,0 +1,260 @@
+"""Download one source object (file / http(s) / s3) to a local file: streamed, resumable, checksummed, gunzipped.
+
+Bytes go to `<destination>.part`; an interrupted transfer resumes from it with a Range request, within the call (up to
+`max_resume_attempts`) and across Airflow retries, since the .part stays. The sha256 covers the SOURCE bytes (what a
+published checksum refers to). A `.gz` source is decompressed into the destination, because Spark cannot split gzip.
+The destination appears only complete (rename); a sidecar `<destination>.download.json`, written after it, lets a
+retry with the same source return at once without touching the network.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gzip
+import hashlib
+import json
+import logging
+import os
+import time
+import zlib
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+from tasks.core.download_sources import (  # noqa: F401 - errors and the S3 client factory are this module's API too
+    ChecksumMismatch, DownloadError, SourceNotFound, _Body, _Interrupted, _opener, _parse_source, _RangeNotSatisfiable,
+    s3_client_from_connection,
+)
+from tasks.core.storage import atomic_file, write_text_atomic
+
+log = logging.getLogger(__name__)
+
+_PROGRESS_EVERY_S = 5.0
+
+
+@dataclass
+class DownloadResult:
+    path: str  # final local file
+    source: str  # the URL
+    bytes: int  # size of the final file
+    source_bytes: int  # bytes of the source object (compressed size for .gz)
+    sha256: str  # sha256 of the SOURCE bytes
+    resumed_from: int  # byte offset a resume started at (0 if none)
+    cached: bool  # a verified copy already existed and nothing was transferred
+    seconds: float
+
+
+@dataclass
+class _Part:
+    path: Path
+    digest: Any  # hashlib sha256 over the bytes in the .part
+    offset: int
+
+
+def download(
+    source_url: str, destination: Path, *, expected_sha256: str | None = None, decompress: bool | None = None,
+    s3_client: Any = None, chunk_bytes: int = 8 << 20, timeout_s: float = 60.0, max_resume_attempts: int = 3,
+    allowed_file_roots: Sequence[Path] | None = None,
+) -> DownloadResult:
+    """Fetch `source_url` into `destination` (see the module docstring); safe to retry.
+
+    decompress: None = gunzip when the URL path ends with `.gz`. s3_client: a boto3 S3 client (default: boto3's
+    default chain, see s3_client_from_connection). allowed_file_roots: directories a file:// source must lie under
+    (symlinks resolved); None = the deployment's roots (tasks.core.config.Settings.allowed_file_roots()), so no
+    caller can forget the check.
+    """
+    started = time.monotonic()
+    destination = Path(destination)
+    source = _parse_source(source_url)
+    if source.path is not None:
+        if allowed_file_roots is None:
+            from tasks.core.config import load_settings
+
+            allowed_file_roots = load_settings().allowed_file_roots()
+        check_file_root(source.path, allowed_file_roots)
+    if decompress is None:
+        decompress = urlsplit(source_url).path.endswith(".gz")
+    expected = expected_sha256.strip().lower() if expected_sha256 else None
+    sidecar = _sidecar_path(destination)
+    cached = _cached(source_url, destination, expected, decompress)
+    if cached is not None:
+        log.info("%s already downloaded from %s (sha256 %s): nothing to do", destination, source.shown, cached.sha256)
+        cached.seconds = time.monotonic() - started
+        return cached
+    sidecar.unlink(missing_ok=True)  # a stale sidecar must never vouch for the file being replaced
+    destination.parent.mkdir(parents=True, exist_ok=True)
+    part_path = destination.with_name(destination.name + ".part")
+    open_at = _opener(source, s3_client, chunk_bytes, timeout_s)
+    part, resumed_from = _fetch_to_part(open_at, source.shown, part_path, max_resume_attempts)
+    actual = part.digest.hexdigest()
+    if expected and actual != expected:
+        part_path.unlink(missing_ok=True)  # wrong bytes: a retry must start over, not resume them
+        raise ChecksumMismatch(f"sha256 mismatch for {source.shown}: expected {expected}, got {actual}")
+    if decompress:
+        _gunzip(part_path, destination, source.shown, chunk_bytes)
+        part_path.unlink()
+    else:
+        os.replace(part_path, destination)
+    result = DownloadResult(
+        path=str(destination), source=source_url, bytes=destination.stat().st_size, source_bytes=part.offset,
+        sha256=actual, resumed_from=resumed_from, cached=False, seconds=time.monotonic() - started,
+    )
+    write_text_atomic(sidecar, json.dumps(_sidecar_record(result, decompress), indent=2, sort_keys=True))
+    log.info("downloaded %s -> %s: %d source bytes, %d bytes on disk, sha256 %s, %.1f s",
+             source.shown, destination, result.source_bytes, result.bytes, actual, result.seconds)
+    return result
+
+
+def check_file_root(path: Path, roots: Sequence[Path]) -> None:
+    """A local source must lie under one of the allowed roots, symlinks resolved (a trigger form names the URL)."""
+    resolved = Path(path).resolve()
+    roots = [Path(root).resolve() for root in roots]
+    if not any(resolved.is_relative_to(root) for root in roots):
+        raise DownloadError(f"file source {resolved} is outside the allowed roots {[str(r) for r in roots]} "
+                            f"(set RECFLOW_FILE_SOURCE_ROOTS to allow more)")
+
+
+def _existing_part(path: Path) -> _Part:
+    """The .part left by an earlier attempt, re-hashed so that the final sha256 covers every source byte."""
+    digest = hashlib.sha256()
+    offset = 0
+    if path.is_file():
+        with open(path, "rb") as f:
+            while chunk := f.read(8 << 20):
+                digest.update(chunk)
+                offset += len(chunk)
+    return _Part(path, digest, offset)
+
+
+def _open_from(open_at: Callable[[int], _Body], part: _Part, shown: str) -> _Body:
+    try:
+        return open_at(part.offset)
+    except _RangeNotSatisfiable as exc:
+        if exc.total == part.offset:  # an earlier attempt already fetched everything
+            return _Body(part.offset, part.offset, iter(()), lambda: None)
+        log.warning("%s: the .part holds %d bytes but the source has %s: starting over", shown, part.offset, exc.total)
+        return open_at(0)
+
+
+def _fetch_to_part(
+    open_at: Callable[[int], _Body], shown: str, path: Path, max_resume_attempts: int
+) -> tuple[_Part, int]:
+    """Fill the .part with the whole source, resuming after drops; returns the part and the first resume offset."""
+    part = _existing_part(path)
+    resumed_from, failures = 0, 0
+    progress = _Progress(shown)
+    while True:
+        body = _open_from(open_at, part, shown)
+        try:
+            if body.start not in (part.offset, 0):
+                raise DownloadError(f"{shown} answered from byte {body.start} when asked for byte {part.offset}")
+            if body.start != part.offset:
+                log.warning("%s answered from byte %d, not %d (Range ignored): restarting from 0",
+                            shown, body.start, part.offset)
+                part = _Part(path, hashlib.sha256(), 0)
+                path.unlink(missing_ok=True)
+            elif part.offset and not resumed_from:
+                resumed_from = part.offset
+                log.info("resuming %s from byte %d", shown, part.offset)
+            _append(body, part, progress)
+            return part, resumed_from
+        except _Interrupted as exc:
+            failures += 1
+            if failures > max_resume_attempts:
+                raise DownloadError(
+                    f"transfer of {shown} interrupted at byte {part.offset} after {max_resume_attempts} "
+                    f"resume attempts ({exc}); {path} kept for the next retry") from None
+            log.warning("transfer of %s interrupted at byte %d (%s): resuming, attempt %d of %d",
+                        shown, part.offset, exc, failures, max_resume_attempts)
+            time.sleep(min(failures - 1, 10))  # first resume at once, then back off a little
+        finally:
+            body.close()
+
+
+def _append(body: _Body, part: _Part, progress: _Progress) -> None:
+    """Append the body to the .part, hashing as it goes; a body shorter than announced is an interruption."""
+    with open(part.path, "ab") as f:
+        try:
+            for chunk in body.chunks:
+                f.write(chunk)
+                part.digest.update(chunk)
+                part.offset += len(chunk)
+                progress.update(part.offset, body.total, len(chunk))
+        finally:
+            f.flush()
+            os.fsync(f.fileno())  # what the .part claims to hold must be on disk before a resume trusts it
+    if body.total is not None and part.offset != body.total:
+        if part.offset > body.total:
+            raise DownloadError(f"{progress.shown} sent {part.offset} bytes, more than its announced {body.total}")
+        raise _Interrupted(f"stream ended at byte {part.offset} of {body.total}")
+
+
+class _Progress:
+    """One log line at most every few seconds: bytes done/total, MB/s over this call, ETA."""
+
+    def __init__(self, shown: str) -> None:
+        self.shown = shown
+        self.started = self.last = time.monotonic()
+        self.moved = 0
+
+    def update(self, offset: int, total: int | None, n: int) -> None:
+        self.moved += n
+        now = time.monotonic()
+        if now - self.last < _PROGRESS_EVERY_S:
+            return
+        self.last = now
+        rate = self.moved / max(now - self.started, 1e-9)
+        of_total = f"{total / 1e6:.1f} MB ({100 * offset / total:.0f}%)" if total else "? MB"
+        eta = f"{(total - offset) / rate:.0f} s" if total and rate > 0 else "unknown"
+        log.info("downloading %s: %.1f of %s, %.1f MB/s, ETA %s", self.shown, offset / 1e6, of_total, rate / 1e6, eta)
+
+
+def _gunzip(part: Path, destination: Path, shown: str, chunk_bytes: int) -> None:
+    """Decompress the verified .part into a temporary sibling, renamed over the destination only when whole."""
+    with open(part, "rb") as raw, atomic_file(destination) as out:
+        try:
+            if part.stat().st_size == 0:
+                raise EOFError("the file is empty (no gzip member)")
+            with gzip.GzipFile(fileobj=raw) as unzipped:
+                while chunk := unzipped.read(chunk_bytes):
+                    out.write(chunk)
+        except (EOFError, gzip.BadGzipFile, zlib.error) as exc:
+            offset = raw.tell()
+            part.unlink(missing_ok=True)  # bad bytes: the next retry fetches afresh rather than resuming them
+            raise DownloadError(
+                f"corrupt or truncated gzip {part} (from {shown}) near compressed byte {offset}: {exc}") from None
+
+
+def _sidecar_path(destination: Path) -> Path:
+    return destination.with_name(destination.name + ".download.json")
+
+
+def _sidecar_record(result: DownloadResult, decompressed: bool) -> dict[str, Any]:
+    record = asdict(result)
+    for transient in ("path", "resumed_from", "cached", "seconds"):
+        record.pop(transient)
+    return record | {"decompressed": decompressed}
+
+
+def _cached(source_url: str, destination: Path, expected: str | None, decompress: bool) -> DownloadResult | None:
+    """The earlier result when destination + sidecar match this request (no network access), else None."""
+    sidecar = _sidecar_path(destination)
+    if not destination.is_file() or not sidecar.is_file():
+        return None
+    with contextlib.suppress(OSError, ValueError, AttributeError, KeyError):  # unreadable sidecar: redo
+        record = json.loads(sidecar.read_text())
+        matches = (
+            record.get("source") == source_url
+            and record.get("bytes") == destination.stat().st_size
+            and record.get("decompressed") == decompress
+            and (expected is None or record.get("sha256") == expected)
+        )
+        if matches:
+            return DownloadResult(
+                path=str(destination), source=source_url, bytes=record["bytes"],
+                source_bytes=record["source_bytes"], sha256=record["sha256"], resumed_from=0, cached=True, seconds=0.0,
+            )
+        log.info("%s exists but its sidecar does not match this request: downloading again", destination)
+    return None

@@ -1,0 +1,217 @@
+"""Where download bytes come from: source URLs parsed and validated, and one opener per scheme (file, http(s), s3),
+each returning a body that starts at a byte offset (Range requests), with transport errors turned into one-line
+DownloadErrors. tasks.core.download drives them (resume, checksum, gunzip, atomic publish)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import unquote, urlsplit, urlunsplit
+
+log = logging.getLogger(__name__)
+
+_CONTENT_RANGE = re.compile(r"bytes (\d+)-(\d+)/(\d+|\*)$")
+
+class DownloadError(RuntimeError):
+    """A download failed; the message is one line naming what failed and where (URL, byte offset, status)."""
+
+
+class ChecksumMismatch(DownloadError):
+    """The source's sha256 is not the expected one (the .part is deleted: a retry starts over)."""
+
+
+class SourceNotFound(DownloadError):
+    """No such file / object / URL (HTTP 403/404/410, S3 NoSuchKey/NoSuchBucket/AccessDenied)."""
+
+
+class _Interrupted(Exception):
+    """The body stream broke off; the transfer can resume from the bytes already in the .part."""
+
+
+class _RangeNotSatisfiable(Exception):
+    def __init__(self, total: int | None) -> None:
+        super().__init__(total)
+        self.total = total  # size of the source, when the server said
+
+
+@dataclass
+class _Body:
+    start: int  # source offset the body begins at: 0 when a Range was ignored
+    total: int | None  # size of the whole source object, when known
+    chunks: Iterator[bytes]
+    close: Callable[[], None]
+
+
+
+@dataclass(frozen=True)
+class _Source:
+    scheme: str  # file | http | s3
+    url: str
+    shown: str  # the URL as logs may show it (query string hidden: presigned URLs carry signatures)
+    path: Path | None = None
+    bucket: str = ""
+    key: str = ""
+
+
+def _shown(url: str) -> str:
+    parts = urlsplit(url)
+    if parts.scheme.lower() not in ("http", "https") or not parts.query:
+        return url
+    return urlunsplit(parts._replace(query="<hidden>", fragment=""))
+
+
+def _parse_source(url: str) -> _Source:
+    """Validate the URL before anything is opened; errors name the URL with any credentials stripped."""
+    parts = urlsplit(url)
+    scheme = parts.scheme.lower()
+    if parts.username is not None or parts.password is not None:
+        bare = urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2], query=""))
+        raise DownloadError(f"credentials in source URL {bare} are not allowed: use an Airflow connection or env")
+    if scheme in ("", "file"):
+        if parts.netloc not in ("", "localhost"):
+            raise DownloadError(f"file URL {url} names host {parts.netloc!r}: only local files are supported")
+        path = Path(unquote(parts.path)) if scheme else Path(url)
+        return _Source("file", url, url, path=path)
+    if scheme in ("http", "https"):
+        if not parts.hostname:
+            raise DownloadError(f"URL {_shown(url)} has no host")
+        return _Source("http", url, _shown(url))
+    if scheme == "s3":
+        # The key is taken verbatim (S3 keys may hold '?' and '#'), not through urlsplit.
+        bucket, _, key = url.split("://", 1)[1].partition("/")
+        if not bucket or not key or any(segment in ("", ".", "..") for segment in key.split("/")):
+            raise DownloadError(f"invalid S3 URI {url}: needs s3://bucket/key without empty, '.' or '..' segments")
+        return _Source("s3", url, url, bucket=bucket, key=key)
+    raise DownloadError(f"unsupported URL scheme {scheme!r} in {_shown(url)}: use file://, http(s):// or s3://")
+
+
+def s3_client_from_connection(conn_id: str | None) -> Any:
+    """A boto3 S3 client from an Airflow `aws` connection, or from boto3's default chain when conn_id is None
+    (environment, AWS_ENDPOINT_URL_S3, instance profile)."""
+    if conn_id:
+        from airflow.providers.amazon.aws.hooks.s3 import S3Hook
+
+        return S3Hook(aws_conn_id=conn_id).get_conn()
+    import boto3
+
+    return boto3.client("s3")
+
+
+def _opener(source: _Source, s3_client: Any, chunk_bytes: int, timeout_s: float) -> Callable[[int], _Body]:
+    """A function that opens the source's body from a byte offset."""
+    if source.scheme == "file":
+        return lambda start: _open_file(source, start, chunk_bytes)
+    if source.scheme == "http":
+        return lambda start: _open_http(source, start, chunk_bytes, timeout_s)
+    client = s3_client if s3_client is not None else s3_client_from_connection(None)
+    return lambda start: _open_s3(client, source, start, chunk_bytes)
+
+
+def _guarded(chunks: Iterable[bytes], transport_errors: tuple[type[BaseException], ...]) -> Iterator[bytes]:
+    """Chunks, with the transport's mid-stream failures turned into _Interrupted (resumable)."""
+    try:
+        yield from chunks
+    except transport_errors as exc:
+        # urllib3 repeats its reason in args[1]; the first argument alone reads as one line.
+        reason = exc.args[0] if exc.args and isinstance(exc.args[0], str) else f"{type(exc).__name__}: {exc}"
+        raise _Interrupted(reason) from exc
+
+
+def _root_cause(exc: BaseException) -> str:
+    """The innermost reason ('[Errno 111] Connection refused'), not the client library's wrapper text."""
+    while (inner := exc.__cause__ or exc.__context__) is not None:
+        exc = inner
+    return str(exc) or type(exc).__name__
+
+
+def _parse_content_range(value: str | None, shown: str) -> tuple[int, int | None]:
+    match = _CONTENT_RANGE.match(value or "")
+    if not match:
+        raise DownloadError(f"partial response from {shown} has an unreadable Content-Range {value!r}")
+    total = match.group(3)
+    return int(match.group(1)), None if total == "*" else int(total)
+
+
+def _open_file(source: _Source, start: int, chunk_bytes: int) -> _Body:
+    assert source.path is not None
+    try:
+        f = open(source.path, "rb")  # noqa: SIM115 - closed by the caller through _Body.close
+    except FileNotFoundError:
+        raise SourceNotFound(f"source file not found: {source.path}") from None
+    except OSError as exc:
+        raise DownloadError(f"cannot read source file {source.path}: {exc.strerror or exc}") from None
+    total = os.fstat(f.fileno()).st_size
+    if start > total:
+        f.close()
+        raise _RangeNotSatisfiable(total)
+    f.seek(start)
+    chunks = iter(lambda: f.read(chunk_bytes), b"")
+    return _Body(start, total, _guarded(chunks, (OSError,)), f.close)
+
+
+def _open_http(source: _Source, start: int, chunk_bytes: int, timeout_s: float) -> _Body:
+    import requests
+    import urllib3
+
+    # identity: the stored bytes must be the source's own (a .gz served with Content-Encoding: gzip stays gzip).
+    headers = {"Accept-Encoding": "identity"}
+    if start:
+        headers["Range"] = f"bytes={start}-"
+    try:
+        response = requests.get(source.url, headers=headers, stream=True, timeout=(timeout_s, timeout_s))
+    except (requests.ConnectionError, requests.Timeout) as exc:
+        raise DownloadError(f"cannot reach {source.shown}: {_root_cause(exc)}") from None
+    except requests.RequestException as exc:
+        raise DownloadError(f"request for {source.shown} failed at byte {start}: {_root_cause(exc)}") from None
+    status = response.status_code
+    if status not in (200, 206):
+        response.close()
+        if status in (403, 404, 410):
+            raise SourceNotFound(f"HTTP {status} for {source.shown}")
+        if status == 416:
+            match = re.match(r"bytes \*/(\d+)$", response.headers.get("Content-Range", ""))
+            raise _RangeNotSatisfiable(int(match.group(1)) if match else None)
+        raise DownloadError(f"HTTP {status} for {source.shown} at byte {start}")
+    if status == 206:
+        first, total = _parse_content_range(response.headers.get("Content-Range"), source.shown)
+    else:
+        length = response.headers.get("Content-Length")
+        first, total = 0, int(length) if length and length.isdigit() else None
+    chunks = response.raw.stream(chunk_bytes, decode_content=False)
+    errors = (urllib3.exceptions.HTTPError, requests.RequestException, OSError)
+    return _Body(first, total, _guarded(chunks, errors), response.close)
+
+
+def _open_s3(client: Any, source: _Source, start: int, chunk_bytes: int) -> _Body:
+    import urllib3
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    request = {"Bucket": source.bucket, "Key": source.key}
+    if start:
+        request["Range"] = f"bytes={start}-"
+    try:
+        response = client.get_object(**request)
+    except ClientError as exc:
+        error = exc.response.get("Error", {})
+        code = error.get("Code", "")
+        if code in ("NoSuchKey", "NoSuchBucket", "404", "AccessDenied", "403"):
+            raise SourceNotFound(f"S3 {code} for {source.url}") from None
+        if code == "InvalidRange":
+            size = client.head_object(Bucket=source.bucket, Key=source.key)["ContentLength"]
+            raise _RangeNotSatisfiable(int(size)) from None
+        status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+        raise DownloadError(f"S3 {code} (HTTP {status}) for {source.url} at byte {start}") from None
+    except BotoCoreError as exc:
+        raise DownloadError(f"cannot reach {source.url}: {exc}") from None
+    if response.get("ContentRange"):
+        first, total = _parse_content_range(response["ContentRange"], source.url)
+    else:
+        first, total = 0, response.get("ContentLength")
+    body = response["Body"]
+    errors = (BotoCoreError, urllib3.exceptions.HTTPError, OSError)
+    return _Body(first, total, _guarded(body.iter_chunks(chunk_bytes), errors), body.close)

@@ -1,0 +1,140 @@
+"""spark-submit command lines and conf profiles, run with their output streamed into the task log.
+
+Profiles (RECFLOW_SPARK_PROFILE or a DAG param):
+  local    embedded default: whatever master the `spark_default` connection names (local[*] when unset),
+           small shuffle partition counts sized for one machine.
+  cluster  NVIDIA's CPU settings (spark.sql.files.maxPartitionBytes 1 GiB, 600 shuffle partitions, locality wait 0)
+           for a standalone / YARN / Kubernetes master.
+  gpu      the cluster profile plus the RAPIDS Accelerator (com.nvidia.spark.SQLPlugin). The RAPIDS jar is not on
+           PyPI: its path or URL comes from RECFLOW_RAPIDS_JAR (the GPU image in docker-compose downloads it).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tasks.core.config import REPO_ROOT
+from tasks.core.process import run_streaming
+from tasks.core.storage import atomic_file
+
+log = logging.getLogger(__name__)
+
+SPARK_JOBS_DIR = REPO_ROOT / "spark_jobs"
+LOG4J_CONF = SPARK_JOBS_DIR / "log4j2.properties"
+
+_LOCAL_CONF = {
+    "spark.sql.shuffle.partitions": "8",
+    "spark.sql.adaptive.enabled": "true",
+    "spark.driver.memory": "2g",
+    "spark.ui.enabled": "false",
+    "spark.ui.showConsoleProgress": "false",
+    "spark.sql.session.timeZone": "UTC",
+}
+_CLUSTER_CONF = {  # NVIDIA run_spark_cpu.sh, per job
+    "spark.task.cpus": "1",
+    "spark.sql.files.maxPartitionBytes": "1073741824",
+    "spark.sql.shuffle.partitions": "600",
+    "spark.driver.maxResultSize": "2G",
+    "spark.locality.wait": "0s",
+    "spark.network.timeout": "1800s",
+    "spark.sql.adaptive.enabled": "true",
+    "spark.ui.showConsoleProgress": "false",
+    "spark.sql.session.timeZone": "UTC",
+}
+_RAPIDS_CONF = {  # NVIDIA run_spark_gpu_DGX-2.sh on top of the CPU conf
+    "spark.plugins": "com.nvidia.spark.SQLPlugin",
+    "spark.task.resource.gpu.amount": "0.01",
+    "spark.executor.resource.gpu.amount": "1",
+    "spark.rapids.sql.concurrentGpuTasks": "2",
+    "spark.rapids.sql.reader.batchSizeRows": "4000000",
+    "spark.rapids.memory.pinnedPool.size": "16g",
+    "spark.rapids.sql.explain": "NOT_ON_GPU",
+    "spark.sql.autoBroadcastJoinThreshold": "1GB",
+    "spark.rapids.sql.incompatibleOps.enabled": "true",
+    "spark.executor.extraJavaOptions": "-Dai.rapids.cudf.prefer-pinned=true",
+}
+PROFILES = ("local", "cluster", "gpu")
+
+
+class SparkJobFailed(RuntimeError):
+    """A spark-submit run exited non-zero; the message is the job's last error line."""
+
+
+@dataclass(frozen=True)
+class SparkSubmit:
+    """One spark-submit invocation, as an argument list (never a shell string)."""
+
+    job: str                       # file name under spark_jobs/, e.g. "criteo/day_stats.py"
+    args: Sequence[str]
+    master: str = "local[*]"
+    profile: str = "local"
+    conf_overrides: Mapping[str, str] = field(default_factory=dict)
+    rapids_jar: str | None = None
+
+    def conf(self) -> dict[str, str]:
+        if self.profile not in PROFILES:
+            raise ValueError(f"unknown Spark profile {self.profile!r}; expected one of {', '.join(PROFILES)}")
+        conf = dict(_LOCAL_CONF if self.profile == "local" else _CLUSTER_CONF)
+        if self.profile == "gpu":
+            conf.update(_RAPIDS_CONF)
+        conf["spark.pyspark.python"] = sys.executable
+        conf.setdefault("spark.driver.extraJavaOptions", f"-Dlog4j2.configurationFile={LOG4J_CONF.as_uri()}")
+        conf.update(self.conf_overrides)
+        return conf
+
+    def argv(self) -> list[str]:
+        argv = [spark_submit_binary(), "--master", self.master, "--name", f"recflow:{self.job.removesuffix('.py')}"]
+        for key, value in sorted(self.conf().items()):
+            argv += ["--conf", f"{key}={value}"]
+        if self.profile == "gpu":
+            jar = self.rapids_jar or os.environ.get("RECFLOW_RAPIDS_JAR")
+            if not jar:
+                raise ValueError("the gpu Spark profile needs the RAPIDS Accelerator jar: set RECFLOW_RAPIDS_JAR")
+            argv += ["--jars", jar]
+        if not self.master.startswith("local"):
+            argv += ["--py-files", str(code_archive())]
+        argv += [str(SPARK_JOBS_DIR / self.job), *self.args]
+        return argv
+
+
+def spark_submit_binary() -> str:
+    """spark-submit from the same environment as this interpreter (pyspark's pip package ships it)."""
+    beside = Path(sys.executable).parent / "spark-submit"
+    if beside.exists():
+        return str(beside)
+    found = shutil.which("spark-submit")
+    if not found:
+        raise FileNotFoundError("spark-submit not found: install pyspark in this environment or set PATH")
+    return found
+
+
+def code_archive() -> Path:
+    """A zip of the tasks/ and spark_jobs/ packages for --py-files on a cluster (executors import the schema)."""
+    import zipfile
+
+    target = REPO_ROOT / "build" / "recflow_spark_code.zip"
+    with atomic_file(target, "wb") as f, zipfile.ZipFile(f, "w", zipfile.ZIP_DEFLATED) as zf:
+        for package in ("tasks", "spark_jobs"):
+            for path in sorted((REPO_ROOT / package).rglob("*.py")):
+                zf.write(path, path.relative_to(REPO_ROOT).as_posix())
+    return target
+
+
+def run_spark_job(submit: SparkSubmit, env: Mapping[str, str] | None = None, label: str = "spark") -> None:
+    """Run spark-submit, streaming its output into this process's log line by line as it happens."""
+    argv = submit.argv()
+    child_env = {**os.environ, **(env or {})}
+    child_env.setdefault("PYSPARK_PYTHON", sys.executable)
+    child_env.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    # The job imports tasks.* (schema, storage): make the repo importable in driver and local executors.
+    child_env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), child_env.get("PYTHONPATH")]))
+    log.info("spark-submit %s (master %s, profile %s)", submit.job, submit.master, submit.profile)
+    result = run_streaming(argv, env=child_env, label=label)
+    if result.returncode != 0:
+        raise SparkJobFailed(f"{submit.job} failed (exit {result.returncode}): {result.last_error_line}")

@@ -1,0 +1,258 @@
+"""The criteo_dlrm steps that are not preprocessing: the run's window and knobs, run paths, train, evaluate, gate
+against the published model, and publish with lineage. Plain functions; the DAG only wires them."""
+
+from __future__ import annotations
+
+import logging
+import re
+import subprocess
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from tasks.core.layout import run_dir
+from tasks.criteo import layout
+from tasks.core.config import REPO_ROOT, Settings
+from tasks.core.storage import fingerprint, read_manifest
+
+log = logging.getLogger(__name__)
+
+PIPELINE = "criteo_dlrm"
+DATASET = "criteo"
+TRAIN_MODULE = "models.dlrm.train"
+EVALUATE_MODULE = "models.dlrm.evaluate"
+REGISTRY_CONN_ID = "recflow_registry"  # Airflow connection of the model registry; absent -> SQLite file
+_DAY_RANGES = re.compile(r"^\s*\d+(\s*-\s*\d+)?(\s*,\s*\d+(\s*-\s*\d+)?)*\s*$")
+
+
+def parse_days(text: str) -> list[int]:
+    """'0-2,5' -> [0, 1, 2, 5]. Raises ValueError with the offending text."""
+    if not _DAY_RANGES.match(text or ""):
+        raise ValueError(f"train days {text!r} are not a list of days or ranges like '0-22' or '0-3,5'")
+    days: list[int] = []
+    for part in text.split(","):
+        first, _, last = part.strip().partition("-")
+        lo, hi = int(first), int(last or first)
+        if hi < lo:
+            raise ValueError(f"day range {part.strip()!r} runs backwards")
+        days.extend(range(lo, hi + 1))
+    return sorted(set(days))
+
+
+def ingested_days(settings: Settings) -> list[int]:
+    """Days whose day_stats output is complete (has a manifest), ascending."""
+    stats_root = layout.stats_root(settings.data_root)
+    days = []
+    for path in stats_root.glob("day=*"):
+        suffix = path.name.removeprefix("day=")
+        if suffix.isdigit() and read_manifest(path) is not None:
+            days.append(int(suffix))
+    return sorted(days)
+
+
+def resolve_window(settings: Settings, train_days: str, test_day: int | None, window_days: int) -> dict[str, Any]:
+    """The run's training window. Explicit params win; otherwise the newest ingested day is the test day and the
+    `window_days` days before it are the train days (scheduled and asset-triggered retraining use this)."""
+    if test_day is None:
+        available = ingested_days(settings)
+        if not available:
+            raise ValueError(f"no ingested Criteo day under {settings.data_root}: run criteo_ingest first")
+        test_day = available[-1]
+    days = parse_days(train_days) if train_days else list(range(max(0, test_day - window_days), test_day))
+    if not days:
+        raise ValueError(f"no train days before test day {test_day} (window of {window_days} days)")
+    if test_day in days:
+        raise ValueError(f"test day {test_day} is also a train day ({train_days})")
+    missing = [d for d in [*days, test_day] if read_manifest(layout.stats_day(settings.data_root, d)) is None]
+    if missing:
+        raise ValueError(f"days {missing} are not ingested (no day_stats manifest): run criteo_ingest for them")
+    log.info("training window: train days %s, test day %d", days, test_day)
+    return {"train_days": days, "test_day": test_day}
+
+
+def resolve_run(settings: Settings, params: dict[str, Any]) -> dict[str, Any]:
+    """What this run trains on and with: the window (resolve_window), the profile and every knob's value (the
+    profile's, overridden by the params that are set), and the device / process count (params, else the
+    deployment's RECFLOW_TRAIN_DEVICE / RECFLOW_TRAIN_NPROC). Returned to XCom so every later step uses the same."""
+    from tasks.core.profiles import resolve_knobs
+    from tasks.criteo.profiles import KNOBS, PROFILES
+
+    profile = params.get("profile") or settings.profile
+    knobs = resolve_knobs(KNOBS, PROFILES, profile, params)
+    model_config(knobs, device="cpu")  # refuse bad MLP sizes before any Spark work
+    window = resolve_window(settings, params.get("train_days") or "", params.get("test_day"), knobs["window_days"])
+    nproc = int(params.get("nproc") or settings.train_nproc)
+    device = params.get("device") or settings.train_device
+    log.info("profile %s on %s x %d: %s", profile, device, nproc, ", ".join(f"{k}={v}" for k, v in knobs.items()))
+    return {**window, "profile": profile, "knobs": knobs, "nproc": nproc, "device": device}
+
+
+def mlp_sizes(text: str) -> list[int]:
+    """'512,256,128' -> [512, 256, 128]."""
+    try:
+        sizes = [int(s) for s in text.split(",")]
+    except ValueError:
+        raise ValueError(f"MLP sizes {text!r} must be comma-separated integers") from None
+    if not sizes or any(s < 1 or s > 65536 for s in sizes):
+        raise ValueError(f"MLP sizes {text!r} must be between 1 and 65536")
+    return sizes
+
+
+@dataclass(frozen=True)
+class RunPaths:
+    root: Path
+
+    @property
+    def dictionary(self) -> Path:
+        return self.root / "dictionary"
+
+    @property
+    def dataset(self) -> Path:
+        return self.root / "dataset"
+
+    @property
+    def train(self) -> Path:
+        return self.root / "train"
+
+    @property
+    def evaluation(self) -> Path:
+        return self.root / "eval"
+
+
+def run_paths(settings: Settings, run_id: str) -> RunPaths:
+    return RunPaths(run_dir(settings.data_root, PIPELINE, run_id))
+
+
+def model_config(knobs: dict[str, Any], device: str) -> dict[str, Any]:
+    """DlrmConfig fields from the resolved knobs: every model knob explicit (MLP sizes parsed), and the device."""
+    from tasks.criteo.profiles import MODEL_KNOBS
+
+    config = {name: knobs[name] for name in MODEL_KNOBS}
+    config["bottom_mlp_sizes"] = mlp_sizes(knobs["bottom_mlp"])
+    config["top_mlp_sizes"] = mlp_sizes(knobs["top_mlp"])
+    if config["top_mlp_sizes"][-1] != 1:
+        raise ValueError(f"top MLP {knobs['top_mlp']!r} must end in 1 (the click logit)")
+    config["device"] = device
+    return config
+
+
+def train(settings: Settings, run_id: str, run: dict[str, Any]) -> dict[str, Any]:
+    from tasks.core.launch import train_with_torchrun
+
+    paths = run_paths(settings, run_id)
+    return train_with_torchrun(TRAIN_MODULE, paths.dataset, paths.train, model_config(run["knobs"], run["device"]),
+                               nproc=run["nproc"], label=f"train {run_id}")
+
+
+def evaluate(settings: Settings, run_id: str, mapping: str = "test") -> dict[str, Any]:
+    from tasks.core.launch import evaluate_in_child
+
+    paths = run_paths(settings, run_id)
+    metrics = evaluate_in_child(EVALUATE_MODULE, paths.train / "model.pt", paths.dataset, paths.evaluation,
+                                mapping=mapping, label=f"evaluate {run_id}")
+    log.info("test AUC %.4f, logloss %.4f on %d rows", metrics["auc"], metrics["logloss"], metrics["rows"])
+    return {key: metrics[key] for key in ("auc", "logloss", "rows", "mapping")}
+
+
+def _s3_client(store_uri: str, aws_conn_id: str | None):
+    if not store_uri.startswith("s3://"):
+        return None
+    from tasks.core.download import s3_client_from_connection
+
+    return s3_client_from_connection(aws_conn_id)
+
+
+def open_registry(settings: Settings, conn_id: str | None = REGISTRY_CONN_ID):
+    """The model registry: the Airflow connection `recflow_registry` if defined, else <data root>/registry.db."""
+    from tasks.release.registry import Registry, registry_url_from_connection
+
+    registry = Registry(registry_url_from_connection(conn_id, settings.data_root / "registry.db"))
+    registry.migrate()
+    return registry
+
+
+def gate(settings: Settings, run_id: str, metrics: dict[str, Any], run: dict[str, Any], *, model_name: str,
+         registry_conn_id: str | None = REGISTRY_CONN_ID) -> dict[str, Any]:
+    """Decide whether this model may be published: AUC >= min_auc and not worse than the production model (the
+    registry's `latest`) by more than max_regression (first model: threshold only). Records the run."""
+    from tasks.release.gate import decide
+
+    knobs = run["knobs"]
+    with open_registry(settings, registry_conn_id) as registry:
+        registry.register_run(PIPELINE, model_name, run_id, dataset=DATASET,
+                              window={"train_days": run["train_days"], "test_day": run["test_day"]},
+                              config_hash=fingerprint(model_config(knobs, run["device"])))
+        baseline = registry.production_metrics(model_name)
+        production = registry.alias(model_name)
+        decision = decide(metrics, metric="auc", min_value=knobs["min_auc"], baseline_metrics=baseline,
+                          max_regression=knobs["max_regression"])
+        registry.set_run_status(PIPELINE, run_id, "trained" if decision.passed else "gated_out", metrics=metrics)
+    log.info("gate %s: %s (production model: %s)", "PASSED" if decision.passed else "FAILED", decision.reason,
+             f"{production['version']} auc {baseline.get('auc')}" if production and baseline else "none yet")
+    return {"passed": decision.passed, "reason": decision.reason, "auc": decision.value,
+            "baseline": decision.baseline, "baseline_version": production["version"] if production else None}
+
+
+def code_version() -> str:
+    """The git commit of the code that trained the model (or 'unknown' outside a checkout)."""
+    try:
+        out = subprocess.run(["git", "-C", str(REPO_ROOT), "rev-parse", "HEAD"], capture_output=True, text=True,
+                             timeout=10, check=True)
+        return out.stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def lineage(settings: Settings, run_id: str, run: dict[str, Any], params: dict[str, Any]) -> dict[str, Any]:
+    """Where the model came from: days, their stats checksums, dictionary and dataset fingerprints, profile and
+    knobs, the params as triggered, code."""
+    paths = run_paths(settings, run_id)
+    train_days, test_day = run["train_days"], run["test_day"]
+    day_inputs = {}
+    for day in sorted({*train_days, test_day}):
+        manifest = read_manifest(layout.stats_day(settings.data_root, day)) or {}
+        day_inputs[str(day)] = {"stats_fingerprint": manifest.get("inputs_fingerprint"),
+                                "raw": manifest.get("inputs", {}).get("raw")}
+    return {
+        "pipeline": PIPELINE, "run_id": run_id, "train_days": train_days, "test_day": test_day,
+        "profile": run["profile"], "knobs": run["knobs"], "params": params,
+        "model_config": model_config(run["knobs"], run["device"]), "nproc": run["nproc"],
+        "code_version": code_version(), "days": day_inputs,
+        "dictionary": (read_manifest(paths.dictionary) or {}).get("inputs_fingerprint"),
+        "dataset": (read_manifest(paths.dataset) or {}).get("inputs_fingerprint"),
+    }
+
+
+def publish(settings: Settings, run_id: str, when: datetime, metrics: dict[str, Any], lineage_doc: dict[str, Any],
+            *, model_name: str, store_uri: str | None = None, aws_conn_id: str | None = None,
+            registry_conn_id: str | None = REGISTRY_CONN_ID) -> dict[str, Any]:
+    """Upload checkpoint, FeatureSpec, dictionary summary, metrics, lineage to a new version; then move latest
+    (the store's latest.json and the registry's `latest` alias, each by compare-and-set)."""
+    from tasks.release.publish import make_version, publish_model
+
+    paths = run_paths(settings, run_id)
+    files = {
+        "model.pt": paths.train / "model.pt",
+        "feature_spec.yaml": paths.dataset / "feature_spec.yaml",
+        "dictionary/cardinalities.json": paths.dictionary / "cardinalities.json",
+        "dictionary/model_size.json": paths.dictionary / "model_size.json",
+        "training_curves.png": paths.train / "training_curves.png",
+        "train_log.jsonl": paths.train / "train_log.jsonl",
+    }
+    missing = [str(p) for p in files.values() if not p.is_file()]
+    if missing:
+        raise FileNotFoundError(f"cannot publish {run_id}: missing {', '.join(missing)}")
+    store = store_uri or settings.publish_store
+    result = publish_model(store, model_name, make_version(when, run_id), files, metrics, lineage_doc,
+                           s3_client=_s3_client(store, aws_conn_id))
+    with open_registry(settings, registry_conn_id) as registry:
+        registry.record_version(model_name, result.version, run_id, result.uri, metrics, pipeline=PIPELINE)
+        registry.promote(model_name, result.version)
+        production = registry.alias(model_name)
+        registry.set_run_status(PIPELINE, run_id, "published", metrics=metrics, artifact_uri=result.uri)
+    became_latest = bool(production and production["version"] == result.version)
+    log.info("published %s version %s to %s%s", model_name, result.version, result.uri,
+             " (now latest)" if became_latest else f" (latest stays {production and production['version']})")
+    return {"model_name": model_name, "version": result.version, "uri": result.uri,
+            "became_latest": became_latest, "cached": result.cached}

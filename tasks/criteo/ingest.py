@@ -1,0 +1,111 @@
+"""The criteo_ingest steps for one day: download, validate_raw, day_stats. Plain functions; the DAG only wires them.
+
+Each returns a small JSON-able dict (paths, counts, checksums) for XCom, and each is a no-op when its output
+already carries a manifest for the same inputs.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+from tasks.core.config import Settings
+from tasks.criteo import layout
+from tasks.criteo.settings import CriteoSettings, load_criteo_settings
+from tasks.core.storage import completed_manifest, file_sha256, fingerprint, read_manifest
+
+log = logging.getLogger(__name__)
+
+RULES_VERSION = 1  # bump when tasks.criteo.schema's raw-format rules change: cached validations are then redone
+
+
+class StepInputMissing(RuntimeError):
+    """An upstream output this step needs is absent or incomplete."""
+
+
+def download_day(settings: Settings, day: int, *, expected_sha256: str | None = None,
+                 aws_conn_id: str | None = None, source: str | None = None,
+                 criteo: CriteoSettings | None = None) -> dict[str, Any]:
+    """Fetch day_N from its source (file, http(s), s3) into the raw area; cached when a verified copy exists.
+    `source` overrides the configured template (criteo.source, RECFLOW_CRITEO_SOURCE) for this day."""
+    from tasks.core.download import download, s3_client_from_connection
+
+    criteo = criteo or load_criteo_settings()
+    url = source or criteo.source_url(settings.data_root, day)
+    s3_client = s3_client_from_connection(aws_conn_id) if url.startswith("s3://") else None
+    result = download(url, layout.raw_day(settings.data_root, day), expected_sha256=expected_sha256,
+                      s3_client=s3_client, allowed_file_roots=criteo.allowed_file_roots(settings))
+    log.info("day %d: %s (%d bytes, sha256 %s)%s", day, result.path, result.bytes, result.sha256[:12],
+             " [cached]" if result.cached else "")
+    return {"day": day, "path": result.path, "bytes": result.bytes, "sha256": result.sha256,
+            "cached": result.cached, "seconds": round(result.seconds, 3)}
+
+
+def raw_identity(path: Path) -> dict[str, Any]:
+    """What identifies a raw day: the checksum the download recorded (no re-hash of a 50 GB file)."""
+    if not path.is_file():
+        raise StepInputMissing(f"raw day file {path} is missing: run download first")
+    sidecar = path.with_name(path.name + ".download.json")
+    if sidecar.is_file():
+        recorded = json.loads(sidecar.read_text())
+        return {"file": path.name, "sha256": recorded.get("sha256"), "bytes": path.stat().st_size}
+    return {"file": path.name, "sha256": file_sha256(path), "bytes": path.stat().st_size}
+
+
+def validate_day(settings: Settings, day: int, *, bad_row_budget: float | None = None) -> dict[str, Any]:
+    """Validate every row of the raw day; quarantine bad rows; fail if they exceed the budget."""
+    from tasks.criteo.raw_validation import validate_raw_file
+
+    budget = settings.bad_row_budget if bad_row_budget is None else bad_row_budget
+    raw = layout.raw_day(settings.data_root, day)
+    inputs = {"raw": raw_identity(raw), "budget": budget, "rules": RULES_VERSION}
+    out = layout.validated_day(settings.data_root, day)
+    cached = completed_manifest(out, inputs)
+    if cached:
+        log.info("day %d already validated for these inputs (%s): nothing to do", day, out)
+        return {"day": day, "path": str(out), **cached["rows"], "cached": True}
+    summary = validate_raw_file(raw, out, inputs=inputs, budget=budget,
+                                block_bytes=settings.validation_block_bytes)
+    return {"day": day, "path": str(out), **summary.rows, "cached": False}
+
+
+def day_stats(settings: Settings, day: int, *, spark_master: str = "local[*]", spark_profile: str | None = None,
+              spark_conf: dict[str, str] | None = None) -> dict[str, Any]:
+    """Typed columnar copy + categorical value counts of a validated day, by spark-submit."""
+    from tasks.core.spark_submit import SparkSubmit, run_spark_job
+
+    validated_dir = layout.validated_day(settings.data_root, day)
+    validated = read_manifest(validated_dir)
+    if validated is None:
+        raise StepInputMissing(f"day {day} has no completed validation in {validated_dir}: run validate_raw first")
+    raw = layout.raw_day(settings.data_root, day)
+    inputs = {"validated": validated["inputs_fingerprint"], "raw": raw_identity(raw)}
+    out = layout.stats_day(settings.data_root, day)
+    manifest = completed_manifest(out, inputs)
+    if manifest is None:
+        start = time.monotonic()
+        submit = SparkSubmit(
+            "criteo/day_stats.py",
+            ["--input", str(raw), "--output", str(out), "--day", str(day), "--inputs-json", json.dumps(inputs)],
+            master=spark_master, profile=spark_profile or settings.spark_profile, conf_overrides=spark_conf or {},
+        )
+        run_spark_job(submit, label=f"spark day={day}")
+        manifest = read_manifest(out)
+        if manifest is None or manifest.get("inputs_fingerprint") != fingerprint(inputs):
+            raise RuntimeError(f"day_stats for day {day} finished but wrote no manifest in {out}")
+        seconds = time.monotonic() - start
+        rows = manifest["rows"]["good"]
+        log.info("day %d: day_stats %d rows in %.1f s (%.0f rows/s)", day, rows, seconds, rows / max(seconds, 1e-9))
+        cached = False
+    else:
+        log.info("day %d stats already computed for these inputs (%s): nothing to do", day, out)
+        cached = True
+    expected = validated["rows"]["good"]
+    if manifest["rows"]["good"] != expected:
+        raise RuntimeError(f"day {day}: day_stats kept {manifest['rows']['good']} rows but validation passed "
+                           f"{expected}; the two row rules disagree")
+    return {"day": day, "path": str(out), "rows": manifest["rows"]["good"],
+            "distinct_values": manifest["extra"]["distinct_values"], "cached": cached}

@@ -1,0 +1,202 @@
+"""The preprocessing steps of criteo_dlrm: dictionary, transform to split binary, dataset validation.
+
+Plain functions; the DAG only wires them. Each checks that its inputs are complete, fingerprints them (upstream
+manifest fingerprints + the parameters that change the output), returns a small JSON-able dict for XCom, and is a
+no-op when its output already carries a complete manifest for the same inputs. `out_dir` is the step's output
+directory, under the DAG run's directory (tasks.core.run_dir), so a retry replaces its own output only.
+
+Dictionary window: by default the dictionary is built over the train days only. NVIDIA's run scripts build it over
+days 0-23, the test day included, which leaks the test day's vocabulary into training: a value first seen on the
+test day gets an embedding row (never trained) instead of 0. `dictionary_days="all"` reproduces NVIDIA exactly.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from tasks.core.layout import run_dir
+from tasks.criteo import layout
+from tasks.core.config import Settings
+from tasks.criteo.ingest import StepInputMissing
+from tasks.criteo.schema import CAT_COLUMNS
+from tasks.core.storage import completed_manifest, fingerprint, read_manifest
+
+log = logging.getLogger(__name__)
+
+# Bump when the job's semantics change (ids, transform, split): cached outputs are then rebuilt.
+DICTIONARY_VERSION = 1
+TRANSFORM_VERSION = 1
+DICTIONARY_DAYS = ("train", "all")
+DEFAULT_SEED = 12345
+
+
+class DatasetInvalid(ValueError):
+    """A written dataset that NVIDIA's loaders would reject; the message names the dataset and the file at fault."""
+
+
+def _check_days(train_days: Sequence[int], test_day: int) -> list[int]:
+    days = [int(d) for d in train_days]
+    if not days:
+        raise ValueError("no train days given")
+    if len(set(days)) != len(days):
+        raise ValueError(f"train days {days} repeat a day")
+    if test_day in days:
+        raise ValueError(f"test day {test_day} is also a train day ({days})")
+    return days
+
+
+def _stats_fingerprints(settings: Settings, days: Sequence[int]) -> dict[str, str]:
+    """day -> fingerprint of its completed day_stats output; StepInputMissing naming the first day without one."""
+    found = {}
+    for day in days:
+        stats_dir = layout.stats_day(settings.data_root, day)
+        manifest = read_manifest(stats_dir)
+        if manifest is None or manifest.get("kind") != "criteo_day_stats":
+            raise StepInputMissing(f"day {day} has no completed day stats in {stats_dir}: "
+                                   f"run criteo_ingest for day {day} first")
+        found[str(day)] = manifest["inputs_fingerprint"]
+    return found
+
+
+def _check_overrides(overrides: Mapping[str, int] | None) -> dict[str, int]:
+    checked = {}
+    for name, value in sorted((overrides or {}).items()):
+        if name not in CAT_COLUMNS:
+            raise ValueError(f"threshold override for {name!r}: not a categorical column (cat_0..cat_25)")
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ValueError(f"threshold override {name}={value!r}: must be an integer >= 0")
+        checked[name] = value
+    return checked
+
+
+def _submit(job: str, args: list[str], out_dir: Path, inputs: dict[str, Any], label: str, spark_master: str,
+            profile: str, spark_conf: Mapping[str, str] | None) -> dict[str, Any]:
+    """spark-submit a job and return the manifest it wrote for exactly these inputs."""
+    from tasks.core.spark_submit import SparkSubmit, run_spark_job
+
+    started = time.monotonic()
+    submit = SparkSubmit(job, [*args, "--output", str(out_dir), "--inputs-json", json.dumps(inputs)],
+                         master=spark_master, profile=profile, conf_overrides=dict(spark_conf or {}))
+    run_spark_job(submit, label=label)
+    manifest = read_manifest(out_dir)
+    if manifest is None or manifest.get("inputs_fingerprint") != fingerprint(inputs):
+        raise RuntimeError(f"{job} finished but wrote no manifest for these inputs in {out_dir}")
+    log.info("%s finished in %.1f s", job, time.monotonic() - started)
+    return manifest
+
+
+def build_dictionary(settings: Settings, out_dir: Path, train_days: Sequence[int], test_day: int,
+                     frequency_threshold: int = 15, threshold_overrides: Mapping[str, int] | None = None,
+                     dictionary_days: str = "train", spark_master: str = "local[*]", spark_profile: str | None = None,
+                     spark_conf: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """Dictionary of the window from the per-day value counts (spark_jobs/criteo/dictionary.py, by spark-submit).
+
+    dictionary_days: "train" (default) sums the train days' counts; "all" adds the test day, as NVIDIA does.
+    threshold_overrides: per-column thresholds, e.g. {"cat_3": 2}; 0 keeps every value.
+    """
+    days = _check_days(train_days, test_day)
+    if dictionary_days not in DICTIONARY_DAYS:
+        raise ValueError(f"dictionary_days {dictionary_days!r}: expected one of {DICTIONARY_DAYS}")
+    if isinstance(frequency_threshold, bool) or not isinstance(frequency_threshold, int) or frequency_threshold < 0:
+        raise ValueError(f"frequency_threshold {frequency_threshold!r}: must be an integer >= 0")
+    overrides = _check_overrides(threshold_overrides)
+    window = days + [test_day] if dictionary_days == "all" else days
+    inputs = {"version": DICTIONARY_VERSION, "days": _stats_fingerprints(settings, window),
+              "frequency_threshold": frequency_threshold, "threshold_overrides": overrides,
+              "dictionary_days": dictionary_days}
+    out_dir = Path(out_dir)
+    manifest = completed_manifest(out_dir, inputs)
+    cached = manifest is not None
+    if manifest is None:
+        counts = [str(layout.stats_day(settings.data_root, day) / "counts") for day in window]
+        args = ["--counts", *counts, "--frequency-threshold", str(frequency_threshold)]
+        if overrides:
+            args += ["--threshold-overrides", ",".join(f"{name}:{value}" for name, value in overrides.items())]
+        manifest = _submit("criteo/dictionary.py", args, out_dir, inputs, f"spark dictionary days={window}",
+                           spark_master, spark_profile or settings.spark_profile, spark_conf)
+    else:
+        log.info("dictionary over days %s already built for these inputs (%s): nothing to do", window, out_dir)
+    cardinalities = manifest["extra"]["cardinalities"]
+    return {"path": str(out_dir), "days": window, "values": manifest["rows"]["values"],
+            "cardinalities": [cardinalities[name] for name in CAT_COLUMNS],
+            "fingerprint": manifest["inputs_fingerprint"], "cached": cached}
+
+
+def transform_dataset(settings: Settings, out_dir: Path, dictionary_dir: Path, train_days: Sequence[int],
+                      test_day: int, seed: int = DEFAULT_SEED, broadcast_max_values: int = 1_000_000,
+                      skew_cutoff_pct: float = 1.0, spark_master: str = "local[*]", spark_profile: str | None = None,
+                      spark_conf: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """Split-binary train/test/validation + feature_spec.yaml (spark_jobs/criteo/transform.py, by spark-submit).
+
+    broadcast_max_values and skew_cutoff_pct choose join strategies only (as does the profile: the GPU profile joins
+    per column, CPU profiles look up in one Arrow pass); they do not change the output, so they are not part of the
+    cache key.
+    """
+    days = _check_days(train_days, test_day)
+    dictionary_dir = Path(dictionary_dir)
+    dictionary = read_manifest(dictionary_dir)
+    if dictionary is None or dictionary.get("kind") != "criteo_dictionary":
+        raise StepInputMissing(f"no completed dictionary in {dictionary_dir}: run build_dictionary first")
+    stats = _stats_fingerprints(settings, [*days, test_day])
+    inputs = {"version": TRANSFORM_VERSION, "dictionary": dictionary["inputs_fingerprint"],
+              "train_days": {str(d): stats[str(d)] for d in days}, "test_day": {str(test_day): stats[str(test_day)]},
+              "seed": seed}
+    window = dictionary.get("inputs", {}).get("days", {})
+    if window and not set(map(str, days)) <= set(window):
+        log.warning("dictionary %s was built over days %s, which do not cover the train days %s", dictionary_dir,
+                    sorted(window, key=int), days)
+    out_dir = Path(out_dir)
+    manifest = completed_manifest(out_dir, inputs)
+    cached = manifest is not None
+    if manifest is None:
+        def columnar(day: int) -> str:
+            return str(layout.stats_day(settings.data_root, day) / "columnar")
+
+        profile = spark_profile or settings.spark_profile
+        # The RAPIDS Accelerator runs NVIDIA's join per column on the GPU; CPU profiles look up in one Arrow pass.
+        lookup = "join" if profile == "gpu" else "arrow"
+        args = ["--train-days", *map(columnar, days), "--test-day", columnar(test_day),
+                "--dictionary", str(dictionary_dir), "--seed", str(seed),
+                "--broadcast-max-values", str(broadcast_max_values), "--skew-cutoff-pct", str(skew_cutoff_pct),
+                "--dictionary-lookup", lookup]
+        manifest = _submit("criteo/transform.py", args, out_dir, inputs, f"spark transform days={days}+{test_day}",
+                           spark_master, profile, spark_conf)
+    else:
+        log.info("dataset for these inputs already written (%s): nothing to do", out_dir)
+    return {"path": str(out_dir), "rows": manifest["rows"], "cardinalities": manifest["extra"]["cardinalities"],
+            "fingerprint": manifest["inputs_fingerprint"], "cached": cached}
+
+
+def validate_dataset(dataset_dir: Path) -> dict[str, Any]:
+    """NVIDIA's FeatureSpec checks + a full scan of every mapping (tasks.formats.split_binary.check_dataset).
+
+    Also compares the rows found with the rows the transform's manifest recorded, when there is one.
+    """
+    from tasks.formats.feature_spec import FEATURE_SPEC_FILE, FeatureSpec, FeatureSpecError
+    from tasks.formats.split_binary import DatasetError, check_dataset
+
+    dataset_dir = Path(dataset_dir)
+    yaml_path = dataset_dir / FEATURE_SPEC_FILE
+    if not yaml_path.is_file():
+        raise StepInputMissing(f"{yaml_path} is missing: run transform_dataset first")
+    mappings = [m for m in ("train", "test", "validation") if (dataset_dir / m).is_dir()]
+    started = time.monotonic()
+    try:
+        spec = FeatureSpec.from_yaml(yaml_path)
+        spec.check_feature_spec()
+        summary = check_dataset(spec, mappings)
+    except (FeatureSpecError, DatasetError) as err:
+        raise DatasetInvalid(f"dataset {dataset_dir}: {err}") from None
+    recorded = (read_manifest(dataset_dir) or {}).get("rows", {})
+    for mapping, rows in summary.rows.items():
+        if mapping in recorded and recorded[mapping] != rows:
+            raise DatasetInvalid(f"dataset {dataset_dir}: {mapping} has {rows} rows but its manifest records "
+                                 f"{recorded[mapping]}")
+    log.info("dataset %s is valid: %s rows in %.1f s", dataset_dir, summary.rows, time.monotonic() - started)
+    return {"path": str(dataset_dir), "rows": summary.rows, "bytes": summary.bytes,
+            "cardinalities": spec.get_categorical_sizes()}

@@ -1,0 +1,147 @@
+"""validate_raw for one Criteo day file: every row checked, bad rows quarantined, GX report kept, budget enforced.
+
+Output directory (criteo/validated/day=N):
+  quarantine.jsonl   one JSON object per bad row: line, field, column_name, byte column, reason, text
+  report.json        counts, the bad-row reasons by kind, the first bad rows, and the GX validation result
+  _MANIFEST.json     only when the day passed: marks the validation complete for these inputs
+
+A day over budget still gets report.json and quarantine.jsonl (so a person can see what went wrong) but no
+manifest, and the task fails with one line naming the count, the budget and the first bad row's file/line/column.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections import Counter
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from tasks.criteo.schema import RAW_COLUMNS
+from tasks.criteo.raw_rows import BadRow, check_block, iter_line_blocks
+from tasks.core.storage import Manifest, atomic_directory, write_manifest, write_text_atomic
+
+log = logging.getLogger(__name__)
+
+EVIDENCE_ROWS = 5_000         # first rows of the day handed to GX
+EVIDENCE_BAD_ROWS = 1_000     # quarantined rows handed to GX (so its report shows real failures)
+QUARANTINE_LIMIT = 1_000_000  # rows written to quarantine.jsonl; beyond that only counted
+PROGRESS_EVERY_S = 10.0
+
+
+class DataQualityError(ValueError):
+    """The day breaks its data contract beyond the bad-row budget (or is empty)."""
+
+
+@dataclass
+class ValidationSummary:
+    rows: dict[str, int]
+    bad_fraction: float
+    first_bad: str | None
+    reasons: dict[str, int]
+
+
+def column_name(bad: BadRow) -> str | None:
+    return RAW_COLUMNS[bad.field - 1] if bad.field else None
+
+
+def _reason_kind(bad: BadRow) -> str:
+    if bad.field == 0:
+        return "field count" if "fields" in bad.reason else "line too long"
+    return f"{column_name(bad)}: {bad.reason.split(' ', 1)[1] if ' ' in bad.reason else bad.reason}"
+
+
+class _Progress:
+    def __init__(self, path: Path):
+        self.total = path.stat().st_size
+        self.start = self.last = time.monotonic()
+
+    def maybe_log(self, lines: int, bytes_done: int, bad: int) -> None:
+        now = time.monotonic()
+        if now - self.last < PROGRESS_EVERY_S:
+            return
+        self.last = now
+        rate = bytes_done / max(now - self.start, 1e-9)
+        eta = (self.total - bytes_done) / max(rate, 1e-9)
+        log.info("validated %d rows (%.1f%% of bytes), %d bad, %.1f MB/s, ETA %.0f s", lines,
+                 100.0 * bytes_done / max(self.total, 1), bad, rate / 1e6, eta)
+
+
+def validate_raw_file(raw: Path, out: Path, *, inputs: dict[str, Any], budget: float,
+                      block_bytes: int = 64 << 20) -> ValidationSummary:
+    """Validate `raw` into `out` (replaced atomically). Raises DataQualityError when over budget."""
+    start = time.monotonic()
+    progress = _Progress(raw)
+    total = bad_count = bytes_done = 0
+    reasons: Counter[str] = Counter()
+    first_bad: BadRow | None = None
+    evidence: list[bytes] = []
+    evidence_bad: list[bytes] = []
+    with atomic_directory(out) as tmp, open(tmp / "quarantine.jsonl", "w") as quarantine:
+        for first_line, block, skipped in iter_line_blocks(raw, block_bytes):
+            result = check_block(block, first_line) if block else None
+            bad_rows = skipped + (result.bad_rows if result else [])
+            total += len(skipped) + (result.lines if result else 0)
+            bytes_done += len(block) + sum(len(b.text) for b in skipped)
+            if len(evidence) < EVIDENCE_ROWS and block:
+                evidence += block.split(b"\n", EVIDENCE_ROWS - len(evidence))[: EVIDENCE_ROWS - len(evidence)]
+            for bad in bad_rows:
+                first_bad = first_bad or bad
+                reasons[_reason_kind(bad)] += 1
+                if bad_count < QUARANTINE_LIMIT:
+                    quarantine.write(json.dumps(asdict(bad) | {"file": raw.name, "column_name": column_name(bad)})
+                                     + "\n")
+                if len(evidence_bad) < EVIDENCE_BAD_ROWS:
+                    evidence_bad.append(bad.text.encode("utf-8", errors="replace"))
+                bad_count += 1
+            progress.maybe_log(total, bytes_done, bad_count)
+        quarantine.flush()
+        summary = _summarize(raw, total, bad_count, budget, first_bad, reasons)
+        report = _report(raw, summary, budget, evidence + evidence_bad, time.monotonic() - start)
+        write_text_atomic(tmp / "report.json", json.dumps(report, indent=2, default=str))
+        passed = total > 0 and summary.bad_fraction <= budget
+        if passed:
+            write_manifest(tmp, Manifest(kind="criteo_validated_day", inputs=inputs, rows=summary.rows,
+                                         extra={"reasons": summary.reasons, "first_bad": summary.first_bad}))
+    seconds = time.monotonic() - start
+    log.info("%s: %d rows, %d bad (%.4f%%), %.1f s, %.0f rows/s", raw.name, total, bad_count,
+             100 * summary.bad_fraction, seconds, total / max(seconds, 1e-9))
+    if not passed:
+        raise DataQualityError(_failure_line(raw, out, summary, budget))
+    return summary
+
+
+def _summarize(raw: Path, total: int, bad: int, budget: float, first_bad: BadRow | None,
+               reasons: Counter[str]) -> ValidationSummary:
+    first = f"{raw.name} {first_bad.describe()}" if first_bad else None
+    return ValidationSummary(rows={"total": total, "good": total - bad, "bad": bad},
+                             bad_fraction=bad / total if total else 1.0, first_bad=first,
+                             reasons=dict(reasons.most_common()))
+
+
+def _failure_line(raw: Path, out: Path, summary: ValidationSummary, budget: float) -> str:
+    if summary.rows["total"] == 0:
+        return f"{raw}: empty day file (0 rows); nothing to validate"
+    return (f"{raw.name}: {summary.rows['bad']} bad rows of {summary.rows['total']} "
+            f"({100 * summary.bad_fraction:.3f}% > budget {100 * budget:.3f}%); first: {summary.first_bad}; "
+            f"quarantine and GX report in {out}")
+
+
+def _report(raw: Path, summary: ValidationSummary, budget: float, evidence: list[bytes],
+            seconds: float) -> dict[str, Any]:
+    from tasks.criteo.gx_suite import run_raw_suite, summarize
+
+    gx_result: dict[str, Any] | None = None
+    if evidence:
+        gx_result = run_raw_suite([line for line in evidence if line], mostly=max(0.0, 1.0 - budget))
+        for line in summarize(gx_result):
+            log.info("GX: %s", line)
+    return {
+        "file": str(raw), "rows": summary.rows, "bad_fraction": summary.bad_fraction, "budget": budget,
+        "reasons": summary.reasons, "first_bad": summary.first_bad, "seconds": round(seconds, 3),
+        "gx": {"scope": f"first {EVIDENCE_ROWS} rows + up to {EVIDENCE_BAD_ROWS} quarantined rows",
+               "success": gx_result.get("success") if gx_result else None,
+               "statistics": gx_result.get("statistics") if gx_result else None, "result": gx_result},
+    }

@@ -1,0 +1,53 @@
+"""Criteo's own settings: which logical date is day 0 and where raw days come from.
+
+  RECFLOW_CRITEO_EPOCH     the logical date of Criteo day 0, ISO date (default 2026-01-01)
+  RECFLOW_CRITEO_SOURCE    URL template of raw day files, with {day} (default: file://<data root>/criteo/source/day_{day})
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from datetime import date, datetime, timezone
+from pathlib import Path
+
+from tasks.core.config import Settings, file_url_folder
+
+
+@dataclass(frozen=True)
+class CriteoSettings:
+    epoch: date = date(2026, 1, 1)
+    source: str = ""  # empty: the synthetic source folder under the data root
+
+    def source_template(self, data_root: Path) -> str:
+        if self.source:
+            return self.source
+        return (data_root / "criteo" / "source").as_uri() + "/day_{day}"
+
+    def source_url(self, data_root: Path, day: int) -> str:
+        return self.source_template(data_root).format(day=day)
+
+    def allowed_file_roots(self, settings: Settings) -> tuple[Path, ...]:
+        """The deployment's file roots plus the configured source folder (when it is a local one)."""
+        folder = file_url_folder(self.source_template(settings.data_root))
+        return settings.allowed_file_roots(*([folder] if folder else []))
+
+    @property
+    def epoch_datetime(self) -> datetime:
+        return datetime(self.epoch.year, self.epoch.month, self.epoch.day, tzinfo=timezone.utc)
+
+
+def load_criteo_settings(env: dict[str, str] | None = None) -> CriteoSettings:
+    env = os.environ if env is None else env
+    return CriteoSettings(
+        epoch=date.fromisoformat(env["RECFLOW_CRITEO_EPOCH"]) if env.get("RECFLOW_CRITEO_EPOCH") else date(2026, 1, 1),
+        source=env.get("RECFLOW_CRITEO_SOURCE", ""),
+    )
+
+
+def criteo_day_index(logical_date: date, epoch: date) -> int:
+    """Criteo day number for a logical date: day 0 is the epoch date."""
+    index = (logical_date - epoch).days
+    if index < 0:
+        raise ValueError(f"logical date {logical_date} is before the Criteo epoch {epoch}: no day {index}")
+    return index

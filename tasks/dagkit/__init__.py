@@ -1,0 +1,98 @@
+"""The Airflow glue every pipeline's DAG file shares (imported only by dags/ and tests): default task arguments,
+pools, Celery queues, fail-without-retry for bad input, the Spark master from a connection.
+
+Importing this must stay cheap (no torch, pyspark, tensorflow, no connections): it runs at DAG-parse time.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from collections.abc import Callable, Mapping
+from datetime import timedelta
+from typing import Any
+
+from tasks.core.profiles import Knob
+
+SPARK_POOL = "spark"
+TRAIN_POOL = "train"
+
+
+def _queue(variable: str) -> dict[str, str]:
+    """A task's Celery queue from the environment at parse time ({} = Airflow's [operators] default_queue).
+    LocalExecutor ignores queues; under CeleryExecutor, RECFLOW_TRAIN_QUEUE=gpu sends training to the GPU
+    workers (docker-compose.yml's `gpu` profile) and RECFLOW_SPARK_QUEUE=gpu the Spark jobs (RAPIDS profile)."""
+    queue = os.environ.get(variable, "").strip()
+    return {"queue": queue} if queue else {}
+
+
+SPARK_TASK: dict[str, Any] = {"pool": SPARK_POOL, **_queue("RECFLOW_SPARK_QUEUE")}
+TRAIN_TASK: dict[str, Any] = {"pool": TRAIN_POOL, **_queue("RECFLOW_TRAIN_QUEUE")}
+
+DEFAULT_ARGS: dict[str, Any] = {
+    "owner": "recflow",
+    "retries": int(os.environ.get("RECFLOW_TASK_RETRIES", "2")),
+    "retry_delay": timedelta(seconds=float(os.environ.get("RECFLOW_RETRY_DELAY_S", "30"))),
+    "retry_exponential_backoff": 2.0,
+    "max_retry_delay": timedelta(minutes=10),
+}
+
+
+def fail_without_retry(*errors: type[BaseException]) -> Callable:
+    """Bad input does not get better on retry: turn these errors into AirflowFailException (no retries)."""
+
+    def decorate(fn: Callable) -> Callable:
+        @functools.wraps(fn)
+        def wrapper(*args, **kwargs):
+            try:
+                return fn(*args, **kwargs)
+            except errors as exc:
+                from airflow.sdk.exceptions import AirflowFailException
+
+                raise AirflowFailException(f"{type(exc).__name__}: {exc}") from exc
+
+        return wrapper
+
+    return decorate
+
+
+def spark_master(conn_id: str = "spark_default") -> str:
+    """The Spark master named by an Airflow connection (host[:port]); local[*] when there is none."""
+    from airflow.sdk import BaseHook
+    from airflow.sdk.exceptions import AirflowNotFoundException
+
+    try:
+        conn = BaseHook.get_connection(conn_id)
+    except AirflowNotFoundException:
+        return "local[*]"
+    host = conn.host or "local[*]"
+    return f"{host}:{conn.port}" if conn.port else host
+
+
+def _shown(value: Any) -> str:
+    return "empty" if value in (None, "") else repr(value)
+
+
+def knob_params(knobs: Mapping[str, Knob], profiles: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
+    """One nullable trigger-form Param per knob: empty means "the profile's value", and the description says what
+    each profile sets, so the form shows every knob without a second copy of the defaults."""
+    from airflow.sdk import Param
+
+    params = {}
+    for name, knob in knobs.items():
+        schema = dict(knob.schema)
+        schema["type"] = ["null", schema["type"]]
+        if "enum" in schema:
+            schema["enum"] = [None, *schema["enum"]]
+        by_profile = ", ".join(f"{profile}: {_shown(values[name])}" for profile, values in profiles.items())
+        params[name] = Param(None, **schema, title=knob.title or name,
+                             description=f"{knob.description} Empty = the profile's value ({by_profile}).")
+    return params
+
+
+def profile_param(profiles: Mapping[str, Mapping[str, Any]]) -> Any:
+    from airflow.sdk import Param
+
+    return Param(None, type=["null", "string"], enum=[None, *profiles], title="Profile",
+                 description="Named set of knob values: " + ", ".join(profiles) + ". Empty = the deployment's "
+                             "RECFLOW_PROFILE (default full); single knobs below override it.")

@@ -1,0 +1,1 @@
+"""The release path every pipeline shares: quality gate, versioned publishing, artifact stores, model registry."""

@@ -1,0 +1,309 @@
+"""Where published artifacts live: a local directory or an S3 prefix, behind one small interface.
+
+`open_store(uri)` picks the backend from the URI: `s3://bucket/prefix` is S3 (boto3), `file:///path` or a plain path
+is a local directory. Keys are relative, '/'-separated paths below the store root.
+
+Both backends give the same guarantees:
+- a reader never sees a half-written object (local: temp sibling + os.replace; S3: objects appear whole);
+- `compare_and_swap` is the one primitive for keys that several writers share (the `latest.json` pointer):
+  local uses an fcntl lock + re-read + os.replace, S3 uses conditional writes (If-None-Match / If-Match), which
+  S3 has honoured since Aug/Nov 2024 and MinIO honours too.
+"""
+
+from __future__ import annotations
+
+import abc
+import contextlib
+import fcntl
+import logging
+import os
+import shutil
+import uuid
+from pathlib import Path
+from urllib.parse import unquote, urlparse
+
+from tasks.core.storage import atomic_file
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MULTIPART_THRESHOLD = 64 << 20
+# S3 rejects multipart parts below 5 MiB (except the last), so chunks never go smaller.
+_MIN_PART_BYTES = 5 << 20
+_COPY_CHUNK = 8 << 20
+# Names the local backend uses for its own bookkeeping; keys may not use them, listings hide them.
+_RESERVED_PREFIXES = (".tmp-", ".lock-")
+# S3 answers a lost conditional write with 412; a concurrent conditional write in flight gives 409.
+_CONDITION_FAILED = {"PreconditionFailed", "ConditionalRequestConflict", "412", "409"}
+_MISSING = {"NoSuchKey", "404", "NotFound"}
+
+
+def validate_key(key: str) -> str:
+    """The key unchanged if it is a safe relative path; ValueError with one clear line otherwise."""
+    if not isinstance(key, str) or not key:
+        raise ValueError(f"artifact key {key!r} is empty: keys are relative paths like 'model/versions/v1/file'")
+    if key.startswith("/"):
+        raise ValueError(f"artifact key {key!r} starts with '/': keys are relative to the store root")
+    if "\\" in key or "\x00" in key:
+        raise ValueError(f"artifact key {key!r} holds a backslash or NUL: use '/' as the only separator")
+    for segment in key.split("/"):
+        if segment == "":
+            raise ValueError(f"artifact key {key!r} has an empty segment ('//' or a trailing '/')")
+        if segment in (".", ".."):
+            raise ValueError(f"artifact key {key!r} has a '{segment}' segment: keys may not leave their prefix")
+        if segment.startswith(_RESERVED_PREFIXES):
+            raise ValueError(f"artifact key {key!r} has a segment starting with a reserved prefix {_RESERVED_PREFIXES}")
+    return key
+
+
+def _validate_prefix(prefix: str) -> str:
+    """A listing prefix is a key, a key followed by '/', or empty (everything)."""
+    if prefix:
+        validate_key(prefix[:-1] if prefix.endswith("/") else prefix)
+    return prefix
+
+
+class ArtifactStore(abc.ABC):
+    """A flat key → bytes store with atomic writes and compare-and-swap."""
+
+    uri: str
+
+    def url_for(self, key: str) -> str:
+        """The URI of a key, for manifests and logs."""
+        return f"{self.uri.rstrip('/')}/{validate_key(key)}"
+
+    @abc.abstractmethod
+    def put_file(self, local_path: Path, key: str) -> None: ...
+
+    @abc.abstractmethod
+    def put_bytes(self, key: str, data: bytes) -> None: ...
+
+    @abc.abstractmethod
+    def get_bytes(self, key: str) -> bytes | None:
+        """The object's content, or None if it does not exist."""
+
+    @abc.abstractmethod
+    def exists(self, key: str) -> bool: ...
+
+    @abc.abstractmethod
+    def list(self, prefix: str = "") -> list[str]:
+        """Sorted keys that start with `prefix` (a plain string prefix, as in S3)."""
+
+    @abc.abstractmethod
+    def download_file(self, key: str, local_path: Path) -> Path:
+        """Copy an object to a local file atomically; FileNotFoundError if the key does not exist."""
+
+    @abc.abstractmethod
+    def compare_and_swap(self, key: str, data: bytes, expected: bytes | None) -> bool:
+        """Write `data` only if the current content equals `expected` (None: the key must not exist).
+
+        Returns False, writing nothing, when the current content differs (another writer got there first).
+        """
+
+
+class LocalStore(ArtifactStore):
+    """A directory on a local or shared POSIX file system."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = Path(root).expanduser().resolve()
+        self.uri = self.root.as_uri()
+
+    def _path(self, key: str) -> Path:
+        return self.root / validate_key(key)
+
+    def put_file(self, local_path: Path, key: str) -> None:
+        with open(local_path, "rb") as src, atomic_file(self._path(key)) as dst:
+            shutil.copyfileobj(src, dst, _COPY_CHUNK)
+
+    def put_bytes(self, key: str, data: bytes) -> None:
+        with atomic_file(self._path(key)) as dst:
+            dst.write(data)
+
+    def get_bytes(self, key: str) -> bytes | None:
+        try:
+            return self._path(key).read_bytes()
+        except FileNotFoundError:
+            return None
+
+    def exists(self, key: str) -> bool:
+        return self._path(key).is_file()
+
+    def list(self, prefix: str = "") -> list[str]:
+        _validate_prefix(prefix)
+        # Walk only the deepest directory the prefix names, not the whole store.
+        base = self.root / prefix.rsplit("/", 1)[0] if "/" in prefix else self.root
+        if not base.is_dir():
+            return []
+        keys = []
+        for path in base.rglob("*"):
+            rel = path.relative_to(self.root).as_posix()
+            hidden = any(part.startswith(_RESERVED_PREFIXES) for part in rel.split("/"))
+            if path.is_file() and not hidden and rel.startswith(prefix):
+                keys.append(rel)
+        return sorted(keys)
+
+    def download_file(self, key: str, local_path: Path) -> Path:
+        source = self._path(key)
+        if not source.is_file():
+            raise FileNotFoundError(f"artifact {self.url_for(key)} does not exist")
+        local_path = Path(local_path)
+        with open(source, "rb") as src, atomic_file(local_path) as dst:
+            shutil.copyfileobj(src, dst, _COPY_CHUNK)
+        return local_path
+
+    def compare_and_swap(self, key: str, data: bytes, expected: bytes | None) -> bool:
+        path = self._path(key)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        # The lock file lives beside the key and is never removed: removing it would let two writers hold
+        # locks on two different inodes. flock works across processes and across threads (separate opens).
+        lock_path = path.parent / f".lock-{path.name}"
+        with open(lock_path, "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            try:
+                current = path.read_bytes() if path.is_file() else None
+                if current != expected:
+                    return False
+                with atomic_file(path) as dst:
+                    dst.write(data)
+                return True
+            finally:
+                fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def _error_code(exc: Exception) -> str:
+    response = getattr(exc, "response", None) or {}
+    code = str(response.get("Error", {}).get("Code", ""))
+    return code or str(response.get("ResponseMetadata", {}).get("HTTPStatusCode", ""))
+
+
+class S3Store(ArtifactStore):
+    """A prefix in an S3 bucket (AWS, MinIO, moto), through boto3."""
+
+    def __init__(self, client, bucket: str, prefix: str, multipart_threshold: int) -> None:
+        self.client = client
+        self.bucket = bucket
+        self.prefix = prefix.strip("/")
+        if self.prefix:
+            validate_key(self.prefix)
+        self.uri = f"s3://{bucket}/{self.prefix}" if self.prefix else f"s3://{bucket}"
+        self.multipart_threshold = multipart_threshold
+
+    def _key(self, key: str) -> str:
+        validate_key(key)
+        return f"{self.prefix}/{key}" if self.prefix else key
+
+    def _transfer_config(self):
+        from boto3.s3.transfer import TransferConfig
+
+        # Chunk = threshold (at least S3's minimum part), so a file just above the threshold goes as 2 parts.
+        chunk = max(self.multipart_threshold, _MIN_PART_BYTES)
+        return TransferConfig(multipart_threshold=self.multipart_threshold, multipart_chunksize=chunk)
+
+    def put_file(self, local_path: Path, key: str) -> None:
+        # upload_file completes a multipart upload only when every part arrived, so the object appears whole.
+        self.client.upload_file(str(local_path), self.bucket, self._key(key), Config=self._transfer_config())
+
+    def put_bytes(self, key: str, data: bytes) -> None:
+        self.client.put_object(Bucket=self.bucket, Key=self._key(key), Body=data)
+
+    def _get(self, key: str) -> tuple[bytes, str] | None:
+        from botocore.exceptions import ClientError
+
+        try:
+            response = self.client.get_object(Bucket=self.bucket, Key=self._key(key))
+        except ClientError as exc:
+            if _error_code(exc) in _MISSING:
+                return None
+            raise
+        return response["Body"].read(), response["ETag"]
+
+    def get_bytes(self, key: str) -> bytes | None:
+        found = self._get(key)
+        return None if found is None else found[0]
+
+    def exists(self, key: str) -> bool:
+        from botocore.exceptions import ClientError
+
+        try:
+            self.client.head_object(Bucket=self.bucket, Key=self._key(key))
+        except ClientError as exc:
+            if _error_code(exc) in _MISSING:
+                return False
+            raise
+        return True
+
+    def list(self, prefix: str = "") -> list[str]:
+        _validate_prefix(prefix)
+        root = f"{self.prefix}/" if self.prefix else ""
+        keys = []
+        paginator = self.client.get_paginator("list_objects_v2")
+        for page in paginator.paginate(Bucket=self.bucket, Prefix=root + prefix):
+            keys.extend(obj["Key"][len(root) :] for obj in page.get("Contents", []))
+        return sorted(keys)
+
+    def download_file(self, key: str, local_path: Path) -> Path:
+        from botocore.exceptions import ClientError
+
+        local_path = Path(local_path)
+        local_path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = local_path.parent / f".tmp-{local_path.name}-{uuid.uuid4().hex[:8]}"
+        try:
+            self.client.download_file(self.bucket, self._key(key), str(tmp))
+            os.replace(tmp, local_path)
+        except ClientError as exc:
+            if _error_code(exc) in _MISSING:
+                raise FileNotFoundError(f"artifact {self.url_for(key)} does not exist") from None
+            raise
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                tmp.unlink()
+        return local_path
+
+    def compare_and_swap(self, key: str, data: bytes, expected: bytes | None) -> bool:
+        from botocore.exceptions import ClientError
+
+        full_key = self._key(key)
+        condition: dict[str, str]
+        if expected is None:
+            condition = {"IfNoneMatch": "*"}
+        else:
+            current = self._get(key)
+            if current is None or current[0] != expected:
+                return False
+            # The ETag pins the exact object we compared: if anyone replaced it since, S3 answers 412.
+            condition = {"IfMatch": current[1]}
+        try:
+            self.client.put_object(Bucket=self.bucket, Key=full_key, Body=data, **condition)
+        except ClientError as exc:
+            code = _error_code(exc)
+            # NoSuchKey: the object we matched on was deleted in between; that is a lost race too.
+            if code in _CONDITION_FAILED or (expected is not None and code in _MISSING):
+                log.info("conditional write of s3://%s/%s lost (%s)", self.bucket, full_key, code)
+                return False
+            raise
+        return True
+
+
+def open_store(
+    uri: str, s3_client=None, multipart_threshold: int = DEFAULT_MULTIPART_THRESHOLD
+) -> ArtifactStore:
+    """The store a URI names: `s3://bucket/prefix`, `file:///abs/path` or a plain local path.
+
+    s3_client: a boto3 S3 client; default `boto3.client("s3")`, configured from the environment
+        (AWS_ENDPOINT_URL_S3 points it at MinIO). multipart_threshold: S3 uploads above it go multipart.
+    """
+    parsed = urlparse(uri)
+    if parsed.scheme == "s3":
+        if not parsed.netloc:
+            raise ValueError(f"store URI {uri!r} names no bucket: expected s3://bucket/prefix")
+        if s3_client is None:
+            import boto3
+
+            s3_client = boto3.client("s3")
+        return S3Store(s3_client, parsed.netloc, parsed.path, multipart_threshold)
+    if parsed.scheme == "file":
+        if parsed.netloc not in ("", "localhost"):
+            raise ValueError(f"store URI {uri!r} names host {parsed.netloc!r}: only local file:// URIs are supported")
+        return LocalStore(Path(unquote(parsed.path)))
+    if parsed.scheme and len(parsed.scheme) > 1:  # one letter: a Windows drive, i.e. a plain path
+        raise ValueError(f"store URI {uri!r} has unsupported scheme {parsed.scheme!r}: use s3://, file:// or a path")
+    return LocalStore(Path(uri))

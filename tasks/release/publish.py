@@ -1,0 +1,288 @@
+"""Publish a gated model version to the artifact store (the Pusher end of evaluate → gate → publish).
+
+Layout under the store root:
+
+    <model>/versions/<version>/<name>            every file the caller hands over (checkpoint, feature_spec.yaml, ...)
+    <model>/versions/<version>/metrics.json
+    <model>/versions/<version>/lineage.json
+    <model>/versions/<version>/_MANIFEST.json    names, sizes and sha256 of all of the above; written LAST
+    <model>/latest.json                          {"version", "uri", "metrics", "published_at"}; moved by CAS
+
+A version is committed when its `_MANIFEST.json` exists; consumers ignore versions without one, so a publisher that
+dies half-way leaves nothing visible and its retry simply uploads again. Versions are immutable: publishing the same
+version again with the same files and metrics is a no-op (cached), with different content it raises.
+
+Which version is latest: versions are compared as plain strings, and the pointer only moves to a version that sorts
+after the one it names. Callers therefore pass versions that sort in publish order; `make_version` builds one from a
+UTC timestamp and the Airflow run id ("20260105T000000Z-scheduled__2026-01-05T00_00_00_00_00").
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import random
+import re
+import time
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from tasks.release.artifact_store import ArtifactStore, open_store
+from tasks.core.storage import MANIFEST_NAME, Manifest, file_sha256
+
+log = logging.getLogger(__name__)
+
+METRICS_NAME = "metrics.json"
+LINEAGE_NAME = "lineage.json"
+POINTER_NAME = "latest.json"
+_RESERVED_NAMES = {METRICS_NAME, LINEAGE_NAME, MANIFEST_NAME}
+_SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
+_UNSAFE_CHARS = re.compile(r"[^A-Za-z0-9_.-]+")
+_POINTER_ATTEMPTS = 20
+
+
+class VersionConflict(RuntimeError):
+    """A version already published with different content: versions are immutable."""
+
+
+@dataclass
+class PublishResult:
+    model_name: str
+    version: str
+    uri: str  # the version's folder
+    files: dict[str, int]  # every object of the version (manifest excluded) → bytes
+    became_latest: bool  # latest.json names this version after the call
+    cached: bool  # the version was already published with the same content; nothing was uploaded
+
+
+def validate_name(kind: str, value: str) -> str:
+    """A model name or version: 1-128 of [A-Za-z0-9_.-], starting with a letter or digit."""
+    if not isinstance(value, str) or not _SAFE_NAME.fullmatch(value):
+        raise ValueError(f"{kind} {value!r} is not safe: use 1-128 of A-Z a-z 0-9 _ . - starting with a letter/digit")
+    return value
+
+
+def make_version(when: datetime, run_id: str) -> str:
+    """A version string that sorts in publish order: UTC timestamp, then the run id made path-safe."""
+    stamp = when.astimezone(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    return validate_name("version", f"{stamp}-{_UNSAFE_CHARS.sub('_', run_id)}"[:128])
+
+
+def _version_prefix(model_name: str, version: str) -> str:
+    return f"{model_name}/versions/{version}/"
+
+
+def _version_uri(store: ArtifactStore, model_name: str, version: str) -> str:
+    return store.url_for(_version_prefix(model_name, version) + MANIFEST_NAME).rsplit("/", 1)[0]
+
+
+def _json_bytes(value: Any) -> bytes:
+    return json.dumps(value, indent=2, sort_keys=True, default=str).encode()
+
+
+def _describe_bytes(data: bytes) -> dict[str, Any]:
+    return {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+
+
+def _read_manifest(store: ArtifactStore, model_name: str, version: str) -> dict[str, Any] | None:
+    raw = store.get_bytes(_version_prefix(model_name, version) + MANIFEST_NAME)
+    if raw is None:
+        return None
+    try:
+        return json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"manifest of {model_name} version {version} is not valid JSON: {exc}") from None
+
+
+def _check_same_content(existing: dict[str, Any], planned: dict[str, dict[str, Any]], where: str) -> None:
+    """Raise VersionConflict unless the published files and metrics equal the planned ones.
+
+    lineage.json is left out of the comparison: it describes the run (try number, hosts) and may differ on a retry.
+    """
+    def content(files: dict[str, Any]) -> dict[str, Any]:
+        return {name: (entry.get("bytes"), entry.get("sha256"))
+                for name, entry in files.items() if name != LINEAGE_NAME}
+
+    old, new = content(existing.get("files", {})), content(planned)
+    if old != new:
+        changed = sorted(name for name in old.keys() | new.keys() if old.get(name) != new.get(name))
+        raise VersionConflict(f"{where} is already published with different content ({', '.join(changed)}): "
+                              "versions are immutable, publish a new version")
+
+
+def _upload_version(store: ArtifactStore, prefix: str, files: dict[str, Path], extra: dict[str, bytes]) -> None:
+    """Upload the caller's files, then metrics.json and lineage.json (the manifest comes after, elsewhere)."""
+    total = len(files) + len(extra)
+    for done, (name, path) in enumerate(files.items(), start=1):
+        size, started = path.stat().st_size, time.monotonic()
+        store.put_file(path, prefix + name)
+        seconds = max(time.monotonic() - started, 1e-6)
+        log.info("uploaded %s (%.1f MiB) in %.1f s, %.1f MiB/s (%d/%d objects)",
+                 store.url_for(prefix + name), size / 2**20, seconds, size / 2**20 / seconds, done, total)
+    for name, data in extra.items():
+        store.put_bytes(prefix + name, data)
+
+
+def publish_model(store_uri: str, model_name: str, version: str, files: dict[str, Path], metrics: dict,
+                  lineage: dict, s3_client=None) -> PublishResult:
+    """Upload a model version (files, metrics, lineage, manifest last) and move latest.json to it if it is newer.
+
+    files: published name (may hold '/', e.g. 'dictionary/cat_0.parquet') → local path.
+    """
+    validate_name("model name", model_name)
+    validate_name("version", version)
+    store = open_store(store_uri, s3_client)
+    prefix = _version_prefix(model_name, version)
+    files = {name: Path(path) for name, path in files.items()}
+    for name, path in files.items():
+        store.url_for(prefix + name)  # validates the name as a key
+        if name in _RESERVED_NAMES:
+            raise ValueError(f"file name {name!r} is reserved for the publisher: rename it")
+        if not path.is_file():
+            raise FileNotFoundError(f"file {name!r} to publish does not exist: {path}")
+    extra = {METRICS_NAME: _json_bytes(metrics), LINEAGE_NAME: _json_bytes(lineage)}
+    planned = {name: {"bytes": p.stat().st_size, "sha256": file_sha256(p)} for name, p in files.items()}
+    planned |= {name: _describe_bytes(data) for name, data in extra.items()}
+    where = f"{model_name} version {version} at {store.url_for(prefix + MANIFEST_NAME)}"
+
+    cached = (existing := _read_manifest(store, model_name, version)) is not None
+    if cached:
+        _check_same_content(existing, planned, where)
+        log.info("%s is already published with the same content: nothing uploaded", where)
+    else:
+        _upload_version(store, prefix, files, extra)
+        manifest = Manifest(kind="published_model", inputs={"model_name": model_name, "version": version},
+                            files=planned, created_at=datetime.now(timezone.utc).isoformat(timespec="seconds"))
+        # The manifest commits the version; CAS so that of two publishers of one version only one commits it.
+        if store.compare_and_swap(prefix + MANIFEST_NAME, manifest.to_json().encode(), None):
+            log.info("committed %s (%d objects)", where, len(planned))
+        else:
+            _check_same_content(_read_manifest(store, model_name, version) or {}, planned, where)
+            log.info("%s was committed by a concurrent publisher with the same content", where)
+            cached = True
+
+    uri = _version_uri(store, model_name, version)
+    became_latest = _advance_pointer(store, model_name, version, uri, metrics)
+    sizes = {name: entry["bytes"] for name, entry in planned.items()}
+    return PublishResult(model_name, version, uri, sizes, became_latest, cached)
+
+
+def _parse_pointer(raw: bytes | None, where: str) -> dict[str, Any] | None:
+    if raw is None:
+        return None
+    try:
+        pointer = json.loads(raw)
+        if isinstance(pointer, dict) and isinstance(pointer.get("version"), str):
+            return pointer
+    except json.JSONDecodeError:
+        pass
+    log.warning("pointer %s is not a JSON object with a 'version': treating it as absent", where)
+    return None
+
+
+def _advance_pointer(store: ArtifactStore, model_name: str, version: str, uri: str, metrics: dict) -> bool:
+    """Move latest.json to `version` unless it already names a version at or after it; True if it names ours."""
+    key = f"{model_name}/{POINTER_NAME}"
+    new = _json_bytes({"version": version, "uri": uri, "metrics": metrics,
+                       "published_at": datetime.now(timezone.utc).isoformat(timespec="seconds")})
+    for attempt in range(1, _POINTER_ATTEMPTS + 1):
+        raw = store.get_bytes(key)
+        current = _parse_pointer(raw, store.url_for(key))
+        if current is not None and current["version"] >= version:
+            if current["version"] != version:
+                log.info("%s stays at %s: %s sorts after %s", store.url_for(key), current["version"],
+                         current["version"], version)
+            return current["version"] == version
+        if store.compare_and_swap(key, new, raw):
+            log.info("%s now names %s (was %s)", store.url_for(key), version, current and current["version"])
+            return True
+        log.info("another publisher moved %s first (attempt %d/%d): re-reading", store.url_for(key), attempt,
+                 _POINTER_ATTEMPTS)
+        time.sleep(random.uniform(0.0, 0.05 * attempt))  # jitter so that racing publishers do not collide again
+    raise RuntimeError(f"could not update {store.url_for(key)} after {_POINTER_ATTEMPTS} attempts: "
+                       "too many concurrent publishers")
+
+
+def _committed_versions(store: ArtifactStore, model_name: str) -> list[str]:
+    """Versions that carry a manifest, in publish order."""
+    prefix = f"{model_name}/versions/"
+    versions = []
+    for key in store.list(prefix):
+        parts = key[len(prefix) :].split("/")
+        if len(parts) == 2 and parts[1] == MANIFEST_NAME:
+            versions.append(parts[0])
+    return sorted(versions)
+
+
+def latest_version(store_uri: str, model_name: str, s3_client=None) -> dict | None:
+    """The parsed latest.json of a model, or None if no version is published.
+
+    If the pointer is missing or names a version without a manifest (a publisher died between the manifest and the
+    pointer, or someone deleted objects by hand), the newest committed version is returned instead.
+    """
+    validate_name("model name", model_name)
+    store = open_store(store_uri, s3_client)
+    key = f"{model_name}/{POINTER_NAME}"
+    pointer = _parse_pointer(store.get_bytes(key), store.url_for(key))
+    if pointer is not None and _read_manifest(store, model_name, pointer["version"]) is not None:
+        return pointer
+    committed = _committed_versions(store, model_name)
+    if not committed:
+        return None
+    version = committed[-1]
+    log.warning("%s is %s: using the newest committed version %s", store.url_for(key),
+                "missing" if pointer is None else f"naming uncommitted {pointer['version']}", version)
+    manifest = _read_manifest(store, model_name, version) or {}
+    return {"version": version, "uri": _version_uri(store, model_name, version),
+            "metrics": load_published_metrics(store_uri, model_name, version, s3_client),
+            "published_at": manifest.get("created_at")}
+
+
+def _committed_manifest(store: ArtifactStore, model_name: str, version: str) -> dict[str, Any]:
+    validate_name("model name", model_name)
+    validate_name("version", version)
+    manifest = _read_manifest(store, model_name, version)
+    if manifest is None:
+        where = store.url_for(_version_prefix(model_name, version) + MANIFEST_NAME)
+        raise FileNotFoundError(f"{model_name} version {version} is not published: no {where}")
+    return manifest
+
+
+def load_published_metrics(store_uri: str, model_name: str, version: str, s3_client=None) -> dict:
+    """metrics.json of a committed version, checked against its manifest."""
+    store = open_store(store_uri, s3_client)
+    manifest = _committed_manifest(store, model_name, version)
+    key = _version_prefix(model_name, version) + METRICS_NAME
+    data = store.get_bytes(key)
+    if data is None or _describe_bytes(data) != manifest["files"].get(METRICS_NAME):
+        raise ValueError(f"{store.url_for(key)} is missing or does not match its manifest")
+    return json.loads(data)
+
+
+def fetch_published_file(store_uri: str, model_name: str, version: str, name: str, local_path: Path,
+                         s3_client=None) -> Path:
+    """Download one file of a committed version to local_path, verified against the manifest's size and sha256."""
+    store = open_store(store_uri, s3_client)
+    manifest = _committed_manifest(store, model_name, version)
+    entry = manifest["files"].get(name)
+    key = _version_prefix(model_name, version) + name
+    if entry is None:
+        raise FileNotFoundError(f"{store.url_for(key)} is not in the version's manifest "
+                                f"(has: {', '.join(sorted(manifest['files']))})")
+    local_path = Path(local_path)
+    local_path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = local_path.parent / f".tmp-{local_path.name}-{os.getpid()}-{random.getrandbits(32):08x}"
+    try:
+        store.download_file(key, tmp)
+        got = {"bytes": tmp.stat().st_size, "sha256": file_sha256(tmp)}
+        if got != {"bytes": entry["bytes"], "sha256": entry["sha256"]}:
+            raise ValueError(f"{store.url_for(key)} does not match its manifest: {got['bytes']} bytes sha256 "
+                             f"{got['sha256'][:12]}, expected {entry['bytes']} bytes sha256 {entry['sha256'][:12]}")
+        os.replace(tmp, local_path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return local_path
