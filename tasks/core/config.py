@@ -1,6 +1,6 @@
 """The one home of recflow's deployment settings: a dataclass with defaults, overridden by the environment.
 
-These settings name no dataset; each dataset package keeps its own (tasks/criteo/settings.py: epoch, source) and
+These settings name no dataset; each dataset package keeps its own (its settings.py: partition epoch, source) and
 each pipeline its training profiles. Environment variables (all optional; with none set, everything runs here):
   RECFLOW_DATA_ROOT        where every output lives (default: <repo>/data)
   RECFLOW_BAD_ROW_BUDGET   fraction of malformed rows tolerated per partition (default 0.001)

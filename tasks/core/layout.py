@@ -1,4 +1,4 @@
-"""Where things live under the data root. Paths are keyed by a dataset partition (a Criteo day, an Outbrain
+"""Where things live under the data root. Paths are keyed by a dataset partition (a day of click logs, a dataset
 snapshot) or by DAG run id, so a retried task overwrites its own outputs and nothing else."""
 
 from __future__ import annotations

@@ -70,7 +70,7 @@ class SparkJobFailed(RuntimeError):
 class SparkSubmit:
     """One spark-submit invocation, as an argument list (never a shell string)."""
 
-    job: str                       # file name under spark_jobs/, e.g. "criteo/day_stats.py"
+    job: str                       # path under spark_jobs/, e.g. "<dataset>/day_stats.py"
     args: Sequence[str]
     master: str = "local[*]"
     profile: str = "local"
