@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import logging
 import os
 import sys
@@ -84,6 +86,26 @@ def test_gpu_profile_adds_rapids(monkeypatch: pytest.MonkeyPatch, tmp_path: Path
     # An explicit jar beats the environment.
     argv = SparkSubmit("job.py", [], profile="gpu", rapids_jar="/opt/rapids.jar").argv()
     assert option(argv, "--jars") == "/opt/rapids.jar"
+
+
+@pytest.mark.parametrize("version", ["4.2.0", "4.1.2", "3.2.4", "4.3.0"])
+def test_gpu_profile_refuses_a_spark_the_rapids_accelerator_does_not_support(version: str) -> None:
+    submit = SparkSubmit("job.py", [], profile="gpu", rapids_jar="/opt/rapids.jar", spark_version=version)
+    with pytest.raises(ValueError, match=rf"RAPIDS Accelerator supports \(3.3.0 to 4.1.1\); this environment has "
+                                         rf"Spark {re.escape(version)}: pin pyspark"):
+        submit.argv()
+
+
+@pytest.mark.parametrize("version", ["4.1.1", "4.0.2", "3.5.6", "3.3.0"])
+def test_gpu_profile_accepts_supported_sparks(version: str) -> None:
+    argv = SparkSubmit("job.py", [], profile="gpu", rapids_jar="/opt/rapids.jar", spark_version=version).argv()
+    assert "/opt/rapids.jar" in argv
+
+
+def test_the_pinned_spark_is_one_the_gpu_profile_can_run() -> None:
+    from tasks.core.spark_submit import check_rapids_spark_version, installed_spark_version
+
+    check_rapids_spark_version(installed_spark_version())  # raises when the pin drifts past RAPIDS' range
 
 
 def test_gpu_profile_without_jar_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:

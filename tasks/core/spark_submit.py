@@ -7,6 +7,8 @@ Profiles (RECFLOW_SPARK_PROFILE or a DAG param):
            for a standalone / YARN / Kubernetes master.
   gpu      the cluster profile plus the RAPIDS Accelerator (com.nvidia.spark.SQLPlugin). The RAPIDS jar is not on
            PyPI: its path or URL comes from RECFLOW_RAPIDS_JAR (the GPU image in docker-compose downloads it).
+           The Accelerator runs only on the Spark versions it was built for (RAPIDS_SUPPORTED_SPARK): the profile
+           refuses any other Spark with one line, before a job starts and fails obscurely on its executors.
 """
 
 from __future__ import annotations
@@ -60,6 +62,29 @@ _RAPIDS_CONF = {  # NVIDIA run_spark_gpu_DGX-2.sh on top of the CPU conf
     "spark.executor.extraJavaOptions": "-Dai.rapids.cudf.prefer-pinned=true",
 }
 PROFILES = ("local", "cluster", "gpu")
+# Spark versions the RAPIDS Accelerator 26.06 (its newest release) ships shims for: 3.3.x-3.5.x and 4.0.x-4.1.1
+# (docs/ARCHITECTURE.md, "Spark versions"). The project pins pyspark 4.1.1, the newest Spark it supports.
+RAPIDS_SUPPORTED_SPARK = ((3, 3, 0), (4, 1, 1))
+
+
+def installed_spark_version() -> str:
+    """The version of the Spark this environment submits to (pyspark's own, read without starting a JVM)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("pyspark")
+    except PackageNotFoundError:
+        return version("pyspark-client")
+
+
+def check_rapids_spark_version(spark_version: str) -> None:
+    """Raise ValueError with one line when the RAPIDS Accelerator does not support this Spark version."""
+    numbers = tuple(int(part) for part in spark_version.split("+")[0].split(".")[:3] if part.isdigit())
+    low, high = RAPIDS_SUPPORTED_SPARK
+    if len(numbers) < 3 or not low <= numbers <= high:
+        raise ValueError(f"the gpu Spark profile needs a Spark the RAPIDS Accelerator supports "
+                         f"({'.'.join(map(str, low))} to {'.'.join(map(str, high))}); this environment has Spark "
+                         f"{spark_version}: pin pyspark to a supported version or use the local / cluster profile")
 
 
 class SparkJobFailed(RuntimeError):
@@ -76,6 +101,7 @@ class SparkSubmit:
     profile: str = "local"
     conf_overrides: Mapping[str, str] = field(default_factory=dict)
     rapids_jar: str | None = None
+    spark_version: str | None = None  # None: the installed pyspark's (what spark-submit runs here)
 
     def conf(self) -> dict[str, str]:
         if self.profile not in PROFILES:
@@ -93,6 +119,7 @@ class SparkSubmit:
         for key, value in sorted(self.conf().items()):
             argv += ["--conf", f"{key}={value}"]
         if self.profile == "gpu":
+            check_rapids_spark_version(self.spark_version or installed_spark_version())
             jar = self.rapids_jar or os.environ.get("RECFLOW_RAPIDS_JAR")
             if not jar:
                 raise ValueError("the gpu Spark profile needs the RAPIDS Accelerator jar: set RECFLOW_RAPIDS_JAR")
