@@ -16,8 +16,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from tasks.core.launch import torchrun_command
+
 from models.torchkit.checkpoint import CheckpointError, latest_checkpoint, load_checkpoint, save_checkpoint
-from models.torchkit.distributed import (autocast_context, backend_for, launch_command, make_grad_scaler,
+from models.torchkit.distributed import (autocast_context, backend_for, make_grad_scaler,
                                        select_device)
 from models.dlrm import evaluate
 from models.dlrm.config import DlrmConfig
@@ -120,7 +122,7 @@ def _torchrun_failure(proc: subprocess.CompletedProcess) -> str:
 
 
 def test_two_process_torchrun_keeps_ranks_identical(dataset: Path, tmp_path: Path) -> None:
-    argv = launch_command(2, "models.dlrm.train", _args(dataset, tmp_path, "--batch_size", "256",
+    argv = torchrun_command(2, "models.dlrm.train", _args(dataset, tmp_path, "--batch_size", "256",
                                                         "--limit_train_batches", "30"),
                           master_port=free_port(), python=sys.executable)
     proc = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=120)
@@ -216,16 +218,16 @@ def test_checkpoints_rotate_and_pointer_survives_stale_entries(tmp_path: Path) -
 
 
 def test_launch_command_for_cuda_nodes() -> None:
-    argv = launch_command(8, "models.dlrm.train", ["--device", "cuda", "--amp"], master_port=29500,
+    argv = torchrun_command(8, "models.dlrm.train", ["--device", "cuda", "--amp"], master_port=29500,
                           python="/opt/venv/bin/python")
     assert argv == ["/opt/venv/bin/python", "-m", "torch.distributed.run", "--nnodes=1", "--nproc_per_node=8",
                     "--node_rank=0", "--master_addr=127.0.0.1", "--master_port=29500", "-m", "models.dlrm.train",
                     "--device", "cuda", "--amp"]
-    second_node = launch_command(8, "models.dlrm.train", [], nnodes=2, node_rank=1, master_addr="10.0.0.5")
+    second_node = torchrun_command(8, "models.dlrm.train", [], nnodes=2, node_rank=1, master_addr="10.0.0.5")
     assert "--nnodes=2" in second_node and "--node_rank=1" in second_node and "--master_addr=10.0.0.5" in second_node
     assert backend_for(torch.device("cuda", 7)) == "nccl" and backend_for(torch.device("cpu")) == "gloo"
     with pytest.raises(ValueError):
-        launch_command(8, "models.dlrm.train", [], nnodes=2, node_rank=2)
+        torchrun_command(8, "models.dlrm.train", [], nnodes=2, node_rank=2)
 
 
 def test_device_selection_on_this_machine() -> None:
@@ -254,7 +256,7 @@ def test_cuda_amp_training_uses_fp16_and_learns(dataset: Path, tmp_path: Path) -
 def test_two_process_nccl_run(dataset: Path, tmp_path: Path) -> None:
     args = [a if a != "cpu" else "cuda" for a in _args(dataset, tmp_path, "--batch_size", "256",
                                                        "--limit_train_batches", "30")]
-    proc = subprocess.run(launch_command(2, "models.dlrm.train", args, master_port=free_port()), cwd=REPO,
+    proc = subprocess.run(torchrun_command(2, "models.dlrm.train", args, master_port=free_port()), cwd=REPO,
                           capture_output=True, text=True, timeout=300, env={**os.environ})
     assert proc.returncode == 0, _torchrun_failure(proc)
     checksums = set(re.findall(r"final weights sha256 (\w+)", proc.stdout))

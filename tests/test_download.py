@@ -315,5 +315,5 @@ def test_progress_line_reports_rate_and_eta(http_server, source: bytes, out: Pat
     with caplog.at_level(logging.INFO, logger="tasks.core.download"):
         download(http_server.url("day_0"), out / "day_0", chunk_bytes=CHUNK)
     lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("downloading ")]
-    assert lines and all(re.search(r"of 0\.3 MB \(\d+%\), [\d.]+ MB/s, ETA \d+ s", line) for line in lines)
+    assert lines and all(re.search(r"of 0\.3 MB \(\d+%\), [\d.]+ MB/s, ETA \d+:\d\d:\d\d", line) for line in lines)
     assert "(100%)" in lines[-1]

@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 from tasks.formats.feature_spec import FeatureSpec
-from tasks.formats.split_binary import DatasetError, SplitBinaryWriter, check_dataset, read_batch, write_dataset
+from tasks.formats.split_binary import DatasetError, SplitBinaryWriter, check_dataset, write_dataset
 
 N_NUM = 3
 # int8, int16 (127 is the boundary), int32, int8, int32 (32767 is the boundary)
@@ -181,19 +181,6 @@ def test_check_dataset_passes_and_summarises(dataset) -> None:
     row_bytes = 1 + 2 * N_NUM + sum(np.dtype(t).itemsize for t in CAT_DTYPES)
     assert summary.bytes == {m: n * row_bytes for m, n in ROWS.items()}
     assert summary.total_rows == sum(ROWS.values())
-
-
-def test_read_batch_matches_written_rows_including_the_end(dataset) -> None:
-    out, expected = dataset
-    spec = FeatureSpec.from_yaml(out / "feature_spec.yaml")
-    numerical, categorical, label = read_batch(spec, "train", 990, 64)  # only 10 rows left
-    assert numerical.dtype == np.float16 and categorical.dtype == np.int64 and label.dtype == bool
-    np.testing.assert_array_equal(numerical, expected["train"].numerical[990:])
-    np.testing.assert_array_equal(categorical, expected["train"].categorical[990:])
-    np.testing.assert_array_equal(label, expected["train"].label[990:])
-    numerical, categorical, label = read_batch(spec, "validation", 0, 100)
-    np.testing.assert_array_equal(categorical, expected["validation"].categorical)
-    assert read_batch(spec, "test", 257, 5)[1].shape == (0, 5)
 
 
 def _poke(path: Path, offset: int, data: bytes) -> None:

@@ -262,3 +262,25 @@ def test_a_new_attempt_reclaims_the_killed_attempts_temporary(tmp_path: Path) ->
 
 def test_remove_stale_temporaries_missing_directory(tmp_path: Path) -> None:
     assert remove_stale_temporaries(tmp_path / "nope") == 0
+
+
+def test_progress_log_lines_carry_counts_rate_and_eta(caplog) -> None:
+    import logging
+
+    from tasks.core.progress import ProgressLog
+
+    now = [0.0]
+    progress = ProgressLog("writing train", total=1000, every_s=5.0, logger=logging.getLogger("t"),
+                           clock=lambda: now[0])
+    with caplog.at_level(logging.INFO, logger="t"):
+        now[0] = 1.0
+        progress.advance(100)  # inside the interval: no line
+        now[0] = 10.0
+        progress.advance(400)
+    assert [r.getMessage() for r in caplog.records] == ["writing train: 500/1000 rows (50%), 50 rows/s, ETA 0:00:10"]
+    resumed = ProgressLog("downloading x", unit="bytes", done=2_000_000, logger=logging.getLogger("t"),
+                          clock=lambda: now[0])
+    now[0] = 12.0
+    resumed.report(3_000_000, total=4_000_000)
+    # The resumed 2 MB do not count in the rate: 1 MB in 2 s.
+    assert resumed.line(12.0) == "downloading x: 3.0 MB of 4.0 MB (75%), 0.5 MB/s, ETA 0:00:02"

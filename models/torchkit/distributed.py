@@ -170,23 +170,3 @@ def make_grad_scaler(device: torch.device, amp: bool) -> torch.amp.GradScaler | 
         return torch.amp.GradScaler("cuda")
     return None
 
-
-def launch_command(
-    nproc: int,
-    module: str,
-    args: list[str],
-    nnodes: int = 1,
-    node_rank: int = 0,
-    master_addr: str = "127.0.0.1",
-    master_port: int = 29500,
-    python: str | None = None,
-) -> list[str]:
-    """The argv that starts `python -m <module> <args>` under torchrun on this node (argument list, no shell).
-
-    Multi-node: run the same command on every node with its own node_rank and node 0's address as master_addr.
-    The argv itself is built by tasks.core.launch.torchrun_command, which Airflow tasks use without importing torch.
-    """
-    from tasks.core.launch import torchrun_command
-
-    return torchrun_command(nproc, module, [str(a) for a in args], nnodes=nnodes, node_rank=node_rank,
-                            master_addr=master_addr, master_port=master_port, python=python)

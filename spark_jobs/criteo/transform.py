@@ -44,6 +44,7 @@ from pathlib import Path
 from spark_jobs.common import configure_logging, log, run_job, spark_session
 from spark_jobs.criteo.dictionary import CARDINALITIES_FILE, DICTIONARY
 from tasks.criteo.schema import CAT_COLUMNS, INT_COLUMNS, LABEL, NUM_INT_FEATURES
+from tasks.core.progress import ProgressLog
 from tasks.core.storage import Manifest, atomic_directory, write_manifest
 
 ROW_ORDER = "row_order"    # file order within a day (criteo_day_stats)
@@ -299,7 +300,8 @@ class MappingStream:
         total = sum(pq.ParquetFile(f).metadata.num_rows for f in files)
         log.info("%s: %d rows transformed by Spark in %.1f s (%d parquet files); writing split binary", self.name,
                  total, time.monotonic() - started, len(files))
-        started = last = time.monotonic()
+        started = time.monotonic()
+        progress = ProgressLog(f"{self.name}: writing split binary", total=total, every_s=PROGRESS_SECONDS, logger=log)
         for path in files:
             for batch in pq.ParquetFile(path).iter_batches(batch_size=BATCH_ROWS, columns=list(OUTPUT_COLUMNS)):
                 label = batch.column(LABEL).to_numpy(zero_copy_only=False)
@@ -307,11 +309,7 @@ class MappingStream:
                 categorical = [batch.column(c).to_numpy(zero_copy_only=False) for c in CAT_COLUMNS]
                 yield label, numerical, categorical
                 self.rows += batch.num_rows
-                if time.monotonic() - last >= PROGRESS_SECONDS:
-                    last = time.monotonic()
-                    rate = self.rows / max(last - started, 1e-9)
-                    log.info("%s: %d/%d rows written (%.0f rows/s, ETA %.0f s)", self.name, self.rows, total, rate,
-                             (total - self.rows) / max(rate, 1e-9))
+                progress.report(self.rows)
         seconds = time.monotonic() - started
         log.info("%s: %d rows written in %.1f s (%.0f rows/s)", self.name, self.rows, seconds,
                  self.rows / max(seconds, 1e-9))

@@ -27,6 +27,7 @@ from tasks.core.download_sources import (  # noqa: F401 - errors and the S3 clie
     ChecksumMismatch, DownloadError, SourceNotFound, _Body, _Interrupted, _opener, _parse_source, _RangeNotSatisfiable,
     s3_client_from_connection,
 )
+from tasks.core.progress import ProgressLog
 from tasks.core.storage import atomic_file, write_text_atomic
 
 log = logging.getLogger(__name__)
@@ -144,7 +145,8 @@ def _fetch_to_part(
     """Fill the .part with the whole source, resuming after drops; returns the part and the first resume offset."""
     part = _existing_part(path)
     resumed_from, failures = 0, 0
-    progress = _Progress(shown)
+    progress = ProgressLog(f"downloading {shown}", unit="bytes", every_s=_PROGRESS_EVERY_S, logger=log,
+                           done=part.offset)  # the rate counts this call's bytes, not a resumed .part's
     while True:
         body = _open_from(open_at, part, shown)
         try:
@@ -158,7 +160,7 @@ def _fetch_to_part(
             elif part.offset and not resumed_from:
                 resumed_from = part.offset
                 log.info("resuming %s from byte %d", shown, part.offset)
-            _append(body, part, progress)
+            _append(body, part, progress, shown)
             return part, resumed_from
         except _Interrupted as exc:
             failures += 1
@@ -173,7 +175,7 @@ def _fetch_to_part(
             body.close()
 
 
-def _append(body: _Body, part: _Part, progress: _Progress) -> None:
+def _append(body: _Body, part: _Part, progress: ProgressLog, shown: str) -> None:
     """Append the body to the .part, hashing as it goes; a body shorter than announced is an interruption."""
     with open(part.path, "ab") as f:
         try:
@@ -181,34 +183,14 @@ def _append(body: _Body, part: _Part, progress: _Progress) -> None:
                 f.write(chunk)
                 part.digest.update(chunk)
                 part.offset += len(chunk)
-                progress.update(part.offset, body.total, len(chunk))
+                progress.report(part.offset, total=body.total)
         finally:
             f.flush()
             os.fsync(f.fileno())  # what the .part claims to hold must be on disk before a resume trusts it
     if body.total is not None and part.offset != body.total:
         if part.offset > body.total:
-            raise DownloadError(f"{progress.shown} sent {part.offset} bytes, more than its announced {body.total}")
+            raise DownloadError(f"{shown} sent {part.offset} bytes, more than its announced {body.total}")
         raise _Interrupted(f"stream ended at byte {part.offset} of {body.total}")
-
-
-class _Progress:
-    """One log line at most every few seconds: bytes done/total, MB/s over this call, ETA."""
-
-    def __init__(self, shown: str) -> None:
-        self.shown = shown
-        self.started = self.last = time.monotonic()
-        self.moved = 0
-
-    def update(self, offset: int, total: int | None, n: int) -> None:
-        self.moved += n
-        now = time.monotonic()
-        if now - self.last < _PROGRESS_EVERY_S:
-            return
-        self.last = now
-        rate = self.moved / max(now - self.started, 1e-9)
-        of_total = f"{total / 1e6:.1f} MB ({100 * offset / total:.0f}%)" if total else "? MB"
-        eta = f"{(total - offset) / rate:.0f} s" if total and rate > 0 else "unknown"
-        log.info("downloading %s: %.1f of %s, %.1f MB/s, ETA %s", self.shown, offset / 1e6, of_total, rate / 1e6, eta)
 
 
 def _gunzip(part: Path, destination: Path, shown: str, chunk_bytes: int) -> None:

@@ -21,6 +21,7 @@ from typing import Any
 
 from tasks.criteo.schema import RAW_COLUMNS
 from tasks.criteo.raw_rows import BadRow, check_block, iter_line_blocks
+from tasks.core.progress import ProgressLog
 from tasks.core.storage import Manifest, atomic_directory, write_manifest, write_text_atomic
 
 log = logging.getLogger(__name__)
@@ -53,27 +54,11 @@ def _reason_kind(bad: BadRow) -> str:
     return f"{column_name(bad)}: {bad.reason.split(' ', 1)[1] if ' ' in bad.reason else bad.reason}"
 
 
-class _Progress:
-    def __init__(self, path: Path):
-        self.total = path.stat().st_size
-        self.start = self.last = time.monotonic()
-
-    def maybe_log(self, lines: int, bytes_done: int, bad: int) -> None:
-        now = time.monotonic()
-        if now - self.last < PROGRESS_EVERY_S:
-            return
-        self.last = now
-        rate = bytes_done / max(now - self.start, 1e-9)
-        eta = (self.total - bytes_done) / max(rate, 1e-9)
-        log.info("validated %d rows (%.1f%% of bytes), %d bad, %.1f MB/s, ETA %.0f s", lines,
-                 100.0 * bytes_done / max(self.total, 1), bad, rate / 1e6, eta)
-
-
 def validate_raw_file(raw: Path, out: Path, *, inputs: dict[str, Any], budget: float,
                       block_bytes: int = 64 << 20) -> ValidationSummary:
     """Validate `raw` into `out` (replaced atomically). Raises DataQualityError when over budget."""
     start = time.monotonic()
-    progress = _Progress(raw)
+    progress = ProgressLog(f"validating {raw.name}", total=raw.stat().st_size, unit="bytes", every_s=PROGRESS_EVERY_S, logger=log)
     total = bad_count = bytes_done = 0
     reasons: Counter[str] = Counter()
     first_bad: BadRow | None = None
@@ -96,7 +81,7 @@ def validate_raw_file(raw: Path, out: Path, *, inputs: dict[str, Any], budget: f
                 if len(evidence_bad) < EVIDENCE_BAD_ROWS:
                     evidence_bad.append(bad.text.encode("utf-8", errors="replace"))
                 bad_count += 1
-            progress.maybe_log(total, bytes_done, bad_count)
+            progress.report(bytes_done, note=f"{total} rows, {bad_count} bad")
         quarantine.flush()
         summary = _summarize(raw, total, bad_count, budget, first_bad, reasons)
         report = _report(raw, summary, budget, evidence + evidence_bad, time.monotonic() - start)

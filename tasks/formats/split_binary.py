@@ -17,6 +17,8 @@ from typing import Any
 
 import numpy as np
 
+from tasks.core.progress import ProgressLog
+
 from tasks.formats.feature_spec import (
     CARDINALITY_SELECTOR,
     CATEGORICAL_CHANNEL,
@@ -53,26 +55,6 @@ def categorical_file(index: int) -> str:
 
 def _little_endian(dtype: Any) -> np.dtype:
     return np.dtype(dtype).newbyteorder("<")
-
-
-class _Progress:
-    """Logs `done/total rows, rate, ETA` at most every _PROGRESS_SECONDS for long streaming work."""
-
-    def __init__(self, what: str, total: int | None = None) -> None:
-        self.what, self.total, self.done = what, total, 0
-        self.start = self.last = time.monotonic()
-
-    def advance(self, rows: int) -> None:
-        self.done += rows
-        now = time.monotonic()
-        if now - self.last < _PROGRESS_SECONDS:
-            return
-        self.last = now
-        rate = self.done / max(now - self.start, 1e-9)
-        of, eta = "", ""
-        if self.total:
-            of, eta = f"/{self.total}", f", ETA {(self.total - self.done) / max(rate, 1e-9):.0f} s"
-        log.info("%s: %d%s rows (%.0f rows/s%s)", self.what, self.done, of, rate, eta)
 
 
 def _first_bad(mask: np.ndarray) -> int | None:
@@ -117,7 +99,7 @@ class SplitBinaryWriter:
         except BaseException:
             self._close(sync=False)
             raise
-        self._progress = _Progress(f"writing {self.name}")
+        self._progress = ProgressLog(f"writing {self.name}", every_s=_PROGRESS_SECONDS, logger=log)
 
     def __enter__(self) -> SplitBinaryWriter:
         return self
@@ -373,7 +355,7 @@ def check_dataset(
         rows = _row_count(files)
         if rows == 0:
             raise DatasetError(f"{mapping}: every file is empty (0 rows)")
-        progress = _Progress(f"checking {mapping}", total=rows * len(files))
+        progress = ProgressLog(f"checking {mapping}", total=rows * len(files), every_s=_PROGRESS_SECONDS, logger=log)
         for data_file in files:
             _scan_file(data_file, chunk_rows, progress)
         summary.rows[mapping] = rows
@@ -394,30 +376,3 @@ def _pread_exact(fd: int, size: int, offset: int) -> bytes:
         got += len(part)
     return b"".join(parts)
 
-
-def read_batch(
-    spec: FeatureSpec, mapping: str, start_row: int, n_rows: int
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Rows [start_row, start_row + n_rows) (fewer at the end) as (numerical f16 [n, n_num], categorical int64
-    [n, n_cat] in channel order, label bool [n]), read with positional reads like NVIDIA's PyTorch loader."""
-    if start_row < 0 or n_rows < 0:
-        raise ValueError(f"read_batch: start_row {start_row} and n_rows {n_rows} must be >= 0")
-    arrays: list[np.ndarray] = []
-    rows: int | None = None
-    for data_file in _mapping_files(spec, mapping):
-        fd = os.open(data_file.path, os.O_RDONLY)
-        try:
-            data = _pread_exact(fd, n_rows * data_file.row_bytes, start_row * data_file.row_bytes)
-        finally:
-            os.close(fd)
-        got = len(data) // data_file.row_bytes
-        if len(data) % data_file.row_bytes or (rows is not None and got != rows):
-            raise DatasetError(f"{data_file.rel}: {len(data)} bytes from row {start_row}, other files gave {rows} rows")
-        rows = got
-        arrays.append(np.frombuffer(data, dtype=data_file.dtype).reshape(got, data_file.width))
-    n = rows or 0
-    has_numerical = spec.get_number_of_numerical_features() > 0
-    numerical = arrays[1].astype(np.float16) if has_numerical else np.zeros((n, 0), np.float16)
-    cats = [c.astype(np.int64) for c in arrays[2 if has_numerical else 1:]]
-    categorical = np.concatenate(cats, axis=1) if cats else np.zeros((n, 0), np.int64)
-    return numerical, categorical, arrays[0][:, 0] != 0

@@ -27,20 +27,6 @@ class GateDecision:
     threshold: float
     baseline: float | None  # the published model's value, None when there is nothing to compare with
 
-    def raise_if_failed(self) -> GateDecision:
-        """Return self if passed, else raise GateFailed (for callers where a failed gate should fail the task)."""
-        if not self.passed:
-            raise GateFailed(self)
-        return self
-
-
-class GateFailed(RuntimeError):
-    """The candidate did not pass the gate; `decision` holds the numbers."""
-
-    def __init__(self, decision: GateDecision) -> None:
-        super().__init__(decision.reason)
-        self.decision = decision
-
 
 def _as_number(metrics: dict | None, metric: str) -> float | None:
     """The metric as a finite float, or None if it is missing, not a number, or NaN/inf."""
