@@ -62,6 +62,10 @@ def test_airflow_runs_celery_on_postgres_and_redis(resolved):
     assert env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"].startswith("postgresql+psycopg2://airflow:pg-secret@postgres/")
     assert env["AIRFLOW__CELERY__BROKER_URL"] == "redis://:redis-secret@redis:6379/0"
     assert "minio:9000" in env["AIRFLOW_CONN_AWS_DEFAULT"]
+    # The registry is provisioned on the deployment's PostgreSQL, and the tasks are told to use it.
+    assert env["RECFLOW_REGISTRY_CONN_ID"] == "recflow_registry"
+    assert '"conn_type": "postgres"' in env["AIRFLOW_CONN_RECFLOW_REGISTRY"]
+    assert env["RECFLOW_PROFILE"] == "full"
 
 
 def test_gpu_worker_reserves_nvidia_devices_and_uses_rapids(resolved):

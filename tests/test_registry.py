@@ -331,17 +331,22 @@ def test_errors_are_one_line(tmp_path: Path):
 def test_registry_url_from_airflow_connection(monkeypatch, tmp_path: Path):
     default = tmp_path / "registry.db"
     assert registry_url_from_connection(None, default) == f"sqlite:///{default}"
-    assert registry_url_from_connection("recflow_registry_missing", default) == f"sqlite:///{default}"
+    # A configured connection that does not exist fails with one line, never falls back to a local file.
+    with pytest.raises(RegistryError, match=r"^registry connection 'recflow_registry_missing' "
+                                            r"\(RECFLOW_REGISTRY_CONN_ID\) is not defined: add it") as missing:
+        registry_url_from_connection("recflow_registry_missing", default)
+    assert "\n" not in str(missing.value) and not default.exists()
     monkeypatch.setenv("AIRFLOW_CONN_RECFLOW_REGISTRY_PG", json.dumps({
         "conn_type": "postgres", "host": "db.internal", "port": 5432, "login": "recflow", "password": "p@ss/w:rd",
-        "schema": "registry", "extra": {"sslmode": "require", "cursor": "dictcursor"}}))
-    url = registry_url_from_connection("recflow_registry_pg", default)
-    assert url == "postgresql+psycopg2://recflow:p%40ss%2Fw%3Ard@db.internal:5432/registry?sslmode=require"
+        "schema": "registry", "extra": {"sqlalchemy_query": {"sslmode": "require"}, "cursor": "dictcursor"}}))
+    url = make_url(registry_url_from_connection("recflow_registry_pg", default))  # the postgres provider's URL
+    assert (url.get_backend_name(), url.username, url.password, url.host, url.port, url.database, dict(url.query)) == (
+        "postgresql", "recflow", "p@ss/w:rd", "db.internal", 5432, "registry", {"sslmode": "require"})
     monkeypatch.setenv("AIRFLOW_CONN_RECFLOW_REGISTRY_LITE",
                        json.dumps({"conn_type": "sqlite", "host": str(tmp_path / "lite.db")}))
     assert registry_url_from_connection("recflow_registry_lite", default) == f"sqlite:///{tmp_path / 'lite.db'}"
     monkeypatch.setenv("AIRFLOW_CONN_RECFLOW_REGISTRY_MY", "mysql://u@h/db")
-    with pytest.raises(ValueError, match="has type 'mysql'"):
+    with pytest.raises(RegistryError, match="has type 'mysql'"):
         registry_url_from_connection("recflow_registry_my", default)
 
 
@@ -350,7 +355,7 @@ def test_registry_through_a_postgres_airflow_connection(monkeypatch, pg_url: str
     schema = make_url(pg_url).query["options"].split("=", 1)[1]
     monkeypatch.setenv("AIRFLOW_CONN_RECFLOW_REGISTRY", json.dumps({
         "conn_type": "postgres", "host": "127.0.0.1", "port": 5432, "login": "postgres", "schema": "test",
-        "extra": {"options": f"-csearch_path={schema}"}}))
+        "extra": {"sqlalchemy_query": {"options": f"-csearch_path={schema}"}}}))
     with Registry(registry_url_from_connection("recflow_registry", tmp_path / "unused.db")) as reg:
         assert reg.dialect == "postgresql" and reg.migrate() == ALL_MIGRATIONS
         _register(reg, "via-connection")

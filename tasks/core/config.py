@@ -11,6 +11,8 @@ each pipeline its training profiles. Environment variables (all optional; with n
   RECFLOW_PROFILE          training profile of scheduled and asset-triggered runs (default: full)
   RECFLOW_TRAIN_DEVICE     device of scheduled runs: cpu | cuda | auto (default auto)
   RECFLOW_TRAIN_NPROC      training processes per node of scheduled runs (default 1)
+  RECFLOW_REGISTRY_CONN_ID Airflow connection (postgres / sqlite) of the model registry (default: none, the SQLite
+                           file <data root>/registry.db); a named connection that does not exist fails the task
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ class Settings:
     profile: str = "full"
     train_device: str = "auto"
     train_nproc: int = 1
+    registry_conn_id: str = ""  # empty: the SQLite registry under the data root
 
     def allowed_file_roots(self, *source_folders: Path) -> tuple[Path, ...]:
         """Where file:// sources may point: a trigger form must not read any file the worker can see. Explicit
@@ -70,6 +73,8 @@ def load_settings(env: dict[str, str] | None = None) -> Settings:
         if device not in ("cpu", "cuda", "auto"):
             raise ValueError(f"RECFLOW_TRAIN_DEVICE={device!r}: expected cpu, cuda or auto")
         overrides["train_device"] = device
+    if env.get("RECFLOW_REGISTRY_CONN_ID"):
+        overrides["registry_conn_id"] = env["RECFLOW_REGISTRY_CONN_ID"]
     if env.get("RECFLOW_TRAIN_NPROC"):
         overrides["train_nproc"] = int(env["RECFLOW_TRAIN_NPROC"])
     return replace(Settings(), **overrides)

@@ -22,7 +22,6 @@ PIPELINE = "criteo_dlrm"
 DATASET = "criteo"
 TRAIN_MODULE = "models.dlrm.train"
 EVALUATE_MODULE = "models.dlrm.evaluate"
-REGISTRY_CONN_ID = "recflow_registry"  # Airflow connection of the model registry; absent -> SQLite file
 _DAY_RANGES = re.compile(r"^\s*\d+(\s*-\s*\d+)?(\s*,\s*\d+(\s*-\s*\d+)?)*\s*$")
 
 
@@ -163,17 +162,16 @@ def _s3_client(store_uri: str, aws_conn_id: str | None):
     return s3_client_from_connection(aws_conn_id)
 
 
-def open_registry(settings: Settings, conn_id: str | None = REGISTRY_CONN_ID):
-    """The model registry: the Airflow connection `recflow_registry` if defined, else <data root>/registry.db."""
-    from tasks.release.registry import Registry, registry_url_from_connection
+def open_registry(settings: Settings, conn_id: str | None = None):
+    """The deployment's model registry (RECFLOW_REGISTRY_CONN_ID, else <data root>/registry.db); `conn_id` overrides
+    the setting (tests pass "" for the SQLite file)."""
+    from tasks.release.registry import open_registry as open_migrated
 
-    registry = Registry(registry_url_from_connection(conn_id, settings.data_root / "registry.db"))
-    registry.migrate()
-    return registry
+    return open_migrated(settings.data_root, settings.registry_conn_id if conn_id is None else conn_id or None)
 
 
 def gate(settings: Settings, run_id: str, metrics: dict[str, Any], run: dict[str, Any], *, model_name: str,
-         registry_conn_id: str | None = REGISTRY_CONN_ID) -> dict[str, Any]:
+         registry_conn_id: str | None = None) -> dict[str, Any]:
     """Decide whether this model may be published: AUC >= min_auc and not worse than the production model (the
     registry's `latest`) by more than max_regression (first model: threshold only). Records the run."""
     from tasks.release.gate import decide
@@ -226,7 +224,7 @@ def lineage(settings: Settings, run_id: str, run: dict[str, Any], params: dict[s
 
 def publish(settings: Settings, run_id: str, when: datetime, metrics: dict[str, Any], lineage_doc: dict[str, Any],
             *, model_name: str, store_uri: str | None = None, aws_conn_id: str | None = None,
-            registry_conn_id: str | None = REGISTRY_CONN_ID) -> dict[str, Any]:
+            registry_conn_id: str | None = None) -> dict[str, Any]:
     """Upload checkpoint, FeatureSpec, dictionary summary, metrics, lineage to a new version; then move latest
     (the store's latest.json and the registry's `latest` alias, each by compare-and-set)."""
     from tasks.release.publish import make_version, publish_model

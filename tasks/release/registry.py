@@ -30,7 +30,6 @@ from datetime import datetime, timezone
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qsl, unquote, urlencode, urlsplit
 
 from sqlalchemy import Connection, CursorResult, create_engine, event, inspect, text
 from sqlalchemy.engine import make_url
@@ -50,10 +49,7 @@ _DIALECT_LINE = re.compile(r"--\s*dialect:\s*(\S+)\s*$")
 _MIGRATION_FILE = re.compile(r"(\d{3})_\w+\.sql")
 _PROMOTE_ATTEMPTS = 50
 _SQLITE_BUSY_SECONDS = 30.0
-# Keys Airflow keeps in a postgres connection's extra that are not libpq options (psycopg2 would reject them).
-_AIRFLOW_ONLY_EXTRAS = {"cursor", "iam", "redshift", "redshift-serverless", "aws_conn_id", "cluster-identifier",
-                        "workgroup-name", "enable_log_db_messages", "sqlalchemy_scheme", "sqlalchemy_options",
-                        "__extra__"}
+_CONNECTION_TYPES = ("postgres", "sqlite")
 
 
 class RegistryError(RuntimeError):
@@ -394,26 +390,13 @@ def _run_record(row: Any) -> RunRecord:
     return RunRecord(**values)
 
 
-def _sqlalchemy_url_from_airflow_uri(uri: str, conn_id: str) -> str:
-    parts = urlsplit(uri)
-    scheme = parts.scheme.lower()
-    if scheme == "sqlite":
-        # Airflow keeps a SQLite connection's file path in `host`; get_uri() percent-encodes it into the netloc.
-        path = unquote(parts.netloc) + unquote(parts.path)
-        if not path:
-            raise ValueError(f"Airflow connection {conn_id!r} is sqlite but names no database file (set its host)")
-        return "sqlite:///" + str(Path(path).expanduser().resolve())
-    if scheme.split("+")[0] in ("postgres", "postgresql"):
-        query = [(k, v) for k, v in parse_qsl(parts.query, keep_blank_values=True) if k not in _AIRFLOW_ONLY_EXTRAS]
-        return parts._replace(scheme="postgresql+psycopg2", query=urlencode(query)).geturl()
-    raise ValueError(f"Airflow connection {conn_id!r} has type {parts.scheme!r}: the registry supports sqlite and "
-                     "postgres connections")
-
-
 def registry_url_from_connection(conn_id: str | None, default_sqlite_path: Path) -> str:
-    """SQLAlchemy URL of the registry: the Airflow connection `conn_id`, else a SQLite file at default_sqlite_path.
+    """SQLAlchemy URL of the registry: the Airflow connection `conn_id` (postgres or sqlite), built by the
+    connection's own provider hook; with no conn_id, a SQLite file at default_sqlite_path (the embedded default).
 
-    A conn_id that is not defined falls back to the SQLite file too, so the embedded setup needs no connection.
+    A named connection that does not exist is an error, not a fallback: a deployment that configured a registry
+    must never publish into a local file that nobody else reads. libpq options (sslmode, options=-csearch_path=...)
+    go into the connection's extra as {"sqlalchemy_query": {...}}, as the postgres provider documents.
     """
     default = "sqlite:///" + str(Path(default_sqlite_path).expanduser().resolve())
     if not conn_id:
@@ -424,6 +407,17 @@ def registry_url_from_connection(conn_id: str | None, default_sqlite_path: Path)
     try:
         conn = BaseHook.get_connection(conn_id)
     except AirflowNotFoundException:
-        log.info("no Airflow connection %r: the model registry is the SQLite file %s", conn_id, default_sqlite_path)
-        return default
-    return _sqlalchemy_url_from_airflow_uri(conn.get_uri(), conn_id)
+        raise RegistryError(f"registry connection {conn_id!r} (RECFLOW_REGISTRY_CONN_ID) is not defined: add it "
+                            f"(Admin > Connections, or AIRFLOW_CONN_{conn_id.upper()}) or unset "
+                            "RECFLOW_REGISTRY_CONN_ID to use the local SQLite registry") from None
+    if conn.conn_type not in _CONNECTION_TYPES:
+        raise RegistryError(f"registry connection {conn_id!r} has type {conn.conn_type!r}: the registry supports "
+                            f"{' and '.join(_CONNECTION_TYPES)} connections")
+    return conn.get_hook().get_uri()
+
+
+def open_registry(data_root: Path, conn_id: str | None) -> Registry:
+    """The migrated registry of a deployment: connection `conn_id`, or <data_root>/registry.db when None."""
+    registry = Registry(registry_url_from_connection(conn_id, data_root / "registry.db"))
+    registry.migrate()
+    return registry
