@@ -71,8 +71,7 @@ def ingest_pass(days: Sequence[int]) -> dict[str, Any]:
         importlib.import_module(module)
     calls: list[dict[str, Any]] = []
     install_timers(calls)
-    sys.path.insert(0, str(REPO / "scripts"))
-    from run_dag import run_dag
+    from tasks.dagkit.local_run import run_dag
 
     results = []
     for day in days:

@@ -10,31 +10,13 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
 
-
-def run_dag(dag_id: str, logical_date: datetime | None, conf: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Parse dags/, run the DAG once, and summarise the run: state, wall time, each task's state/duration/tries."""
-    from airflow.dag_processing.dagbag import DagBag
-
-    bag = DagBag(dag_folder=str(REPO / "dags"))
-    if bag.import_errors:
-        raise SystemExit(f"DAG import errors: {bag.import_errors}")
-    start = time.monotonic()
-    dag_run = bag.get_dag(dag_id).test(logical_date=logical_date, run_conf=conf or {})
-    wall = time.monotonic() - start
-    tasks = {}
-    for ti in dag_run.get_task_instances():
-        tasks[ti.task_id] = {"state": str(ti.state), "duration": float(ti.duration or 0.0),
-                             "try_number": ti.try_number,
-                             "start": ti.start_date.isoformat() if ti.start_date else None}
-    return {"dag_id": dag_id, "run_id": dag_run.run_id, "state": str(dag_run.state), "wall_seconds": wall,
-            "tasks": dict(sorted(tasks.items(), key=lambda kv: kv[1]["start"] or "~"))}
+from tasks.dagkit.local_run import run_dag  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -103,3 +103,15 @@ def test_the_checks_see_a_planted_violation(tmp_path):
     modules = imported_modules(planted)
     assert {dataset_of(m) for m in modules} >= {"criteo"} and "torch" in modules
     assert "torch" not in imported_modules(planted, top_level_only=True)
+
+
+def test_every_dataset_package_is_registered_once_with_a_demo():
+    import importlib
+
+    from tasks.pipelines import PIPELINES
+
+    registered = {module.split(".")[1] for module in PIPELINES.values()}
+    assert registered == set(DATASET_PACKAGES), "a dataset package without a pipeline line (or the reverse)"
+    for module in PIPELINES.values():
+        loaded = importlib.import_module(module)
+        assert callable(loaded.add_arguments) and callable(loaded.run_demo), module
