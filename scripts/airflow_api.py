@@ -1,9 +1,15 @@
-"""A small client for Airflow 3's REST API (/api/v2): log in, unpause, trigger with conf, wait, list tasks, read logs.
+"""recflow's calls to Airflow 3's REST API (/api/v2) through Airflow's official Python client, apache-airflow-client:
+log in, unpause, trigger with conf, wait, list runs and tasks (every page), read logs.
+
+`AirflowApi` is a thin facade over the client's API classes (DAGApi, DagRunApi, TaskInstanceApi, ...): its methods
+return rows as plain JSON dicts (what the server sent: nulls kept, timestamps as ISO strings), listings page through
+all rows, and any other endpoint is one official call away: `PoolApi(api.client).get_pool("spark")`.
 
 Authentication is the simple auth manager's: `POST /auth/token` with a user and password returns a JWT that is
 sent as `Authorization: Bearer ...` (the password of a user named in `[core] simple_auth_manager_users` is in the
 JSON file `[core] simple_auth_manager_passwords_file`, by default `$AIRFLOW_HOME/simple_auth_manager_passwords.json
-.generated`). Other auth managers issue tokens differently; pass one with --token / AIRFLOW_API_TOKEN.
+.generated`). That endpoint is outside the client's spec, so `login` posts to it through the client's transport.
+Other auth managers issue tokens differently; pass one with --token / AIRFLOW_API_TOKEN.
 
   export AIRFLOW_API_URL=http://localhost:8080 AIRFLOW_API_USER=admin AIRFLOW_API_PASSWORD=...
   python scripts/airflow_api.py unpause criteo_ingest
@@ -13,7 +19,7 @@ JSON file `[core] simple_auth_manager_passwords_file`, by default `$AIRFLOW_HOME
   python scripts/airflow_api.py log criteo_ingest <run id> validate_raw [--try 1]
 
 Params are validated by the API server when a run is triggered: a bad conf is refused with HTTP 400 and the
-validation message, and no run is created (ApiError carries the status and the message).
+validation message, and no run is created (ApiError carries the status and the message; the CLI exits 2).
 """
 
 from __future__ import annotations
@@ -23,79 +29,101 @@ import json
 import os
 import sys
 import time
-from dataclasses import dataclass
+from collections.abc import Callable
 from typing import Any
-from urllib.parse import quote
 
-import requests
+import urllib3
+from airflow_client.client import (ApiClient, ApiException, BackfillApi, Configuration, DAGApi, DAGPatchBody,
+                                   DAGRunPatchBody, DagRunApi, ImportErrorApi, TaskInstanceApi,
+                                   TriggerDAGRunPostBody, XComApi)
+from pydantic_core import to_jsonable_python
 
 FINISHED_RUN_STATES = frozenset({"success", "failed"})
+PAGE_SIZE = 100  # rows per request; the server caps a page at [api] maximum_page_limit (100 by default)
 
 
-class ApiError(RuntimeError):
-    """A non-2xx answer: the HTTP status and the server's message (FastAPI's `detail`)."""
+class ApiError(ApiException):
+    """An error answer of the API: the HTTP status and the server's message (FastAPI's `detail`)."""
 
-    def __init__(self, method: str, path: str, status: int, detail: Any):
-        super().__init__(f"{method} {path}: HTTP {status}: {detail}")
-        self.status = status
-        self.detail = detail
+    def __init__(self, method: str, url: str, status: int, reason: str | None, body: str):
+        super().__init__(status=status, reason=reason, body=body)
+        self.request = f"{method} {url}"
+        try:
+            self.detail: Any = json.loads(body)["detail"]
+        except (ValueError, TypeError, KeyError):
+            self.detail = body[:2000] or reason
+
+    def __str__(self) -> str:
+        return f"{self.request}: HTTP {self.status}: {self.detail}"
 
 
-@dataclass
+class _ApiClient(ApiClient):
+    """The official ApiClient with a default timeout, raising ApiError for an error answer and ConnectionError
+    (an OSError) when no answer comes."""
+
+    def __init__(self, configuration: Configuration, timeout: float):
+        super().__init__(configuration)
+        self.timeout = timeout
+
+    def call_api(self, method, url, header_params=None, body=None, post_params=None, _request_timeout=None):
+        try:
+            response = super().call_api(method, url, header_params, body, post_params,
+                                        _request_timeout or self.timeout)
+        except urllib3.exceptions.HTTPError as exc:
+            raise ConnectionError(f"{method} {url}: {exc}") from exc
+        if not 200 <= response.status <= 299:
+            raise ApiError(method, url, response.status, response.reason, response.read().decode(errors="replace"))
+        return response
+
+
 class AirflowApi:
-    base_url: str
-    token: str
-    timeout: float = 30.0
+    """A logged-in client: `client` is the official ApiClient, the methods recflow's scripts and tests use."""
+
+    def __init__(self, base_url: str, token: str | None, timeout: float = 30.0):
+        self.client = _ApiClient(Configuration(host=base_url.rstrip("/"), access_token=token), timeout)
+        self.dag_api, self.dag_run_api = DAGApi(self.client), DagRunApi(self.client)
+        self.task_instance_api, self.xcom_api = TaskInstanceApi(self.client), XComApi(self.client)
 
     @classmethod
     def login(cls, base_url: str, username: str, password: str, timeout: float = 30.0) -> AirflowApi:
-        """Get a JWT from the simple auth manager's token endpoint."""
-        url = base_url.rstrip("/") + "/auth/token"
-        response = requests.post(url, json={"username": username, "password": password}, timeout=timeout)
-        if response.status_code >= 300:
-            raise ApiError("POST", "/auth/token", response.status_code, _detail(response))
-        return cls(base_url.rstrip("/"), response.json()["access_token"], timeout)
-
-    def request(self, method: str, path: str, **kwargs) -> Any:
-        """Call /api/v2<path>; returns the decoded JSON (None for an empty body), raises ApiError otherwise."""
-        headers = {"Authorization": f"Bearer {self.token}", "Accept": "application/json"}
-        response = requests.request(method, f"{self.base_url}/api/v2{path}", headers=headers,
-                                    timeout=self.timeout, **kwargs)
-        if response.status_code >= 300:
-            raise ApiError(method, path, response.status_code, _detail(response))
-        return response.json() if response.content else None
+        """Get a JWT from the simple auth manager's token endpoint (POST /auth/token)."""
+        api = cls(base_url, None, timeout)
+        request = api.client.param_serialize("POST", "/auth/token", header_params={"Content-Type": "application/json"},
+                                             body={"username": username, "password": password})
+        response = api.client.call_api(*request)
+        api.client.configuration.access_token = json.loads(response.read())["access_token"]
+        return api
 
     def set_paused(self, dag_id: str, paused: bool) -> dict:
-        return self.request("PATCH", f"/dags/{_q(dag_id)}", json={"is_paused": paused})
+        """Pause or unpause a DAG."""
+        return _plain(self.dag_api.patch_dag(dag_id, DAGPatchBody(is_paused=paused)))
 
     def dag(self, dag_id: str) -> dict:
-        return self.request("GET", f"/dags/{_q(dag_id)}")
+        """A DAG (ApiError 404 until the dag-processor has parsed it)."""
+        return _plain(self.dag_api.get_dag(dag_id))
 
     def import_errors(self) -> list[dict]:
-        return self.request("GET", "/importErrors")["import_errors"]
+        """Every DAG import error."""
+        return _all(ImportErrorApi(self.client).get_import_errors, "import_errors", order_by=["id"])
 
     def trigger(self, dag_id: str, conf: dict[str, Any] | None = None, logical_date: str | None = None,
                 run_id: str | None = None, note: str | None = None) -> dict:
         """Create a manual run (logical_date None = a run without a logical date, keyed by its run_after)."""
-        body: dict[str, Any] = {"logical_date": logical_date, "conf": conf or {}}
-        if run_id:
-            body["dag_run_id"] = run_id
-        if note:
-            body["note"] = note
-        return self.request("POST", f"/dags/{_q(dag_id)}/dagRuns", json=body)
+        body = TriggerDAGRunPostBody(logical_date=logical_date, conf=conf or {}, dag_run_id=run_id, note=note)
+        return _plain(self.dag_run_api.trigger_dag_run(dag_id, body))
 
     def run(self, dag_id: str, run_id: str) -> dict:
-        return self.request("GET", f"/dags/{_q(dag_id)}/dagRuns/{_q(run_id)}")
+        """One run of a DAG."""
+        return _plain(self.dag_run_api.get_dag_run(dag_id, run_id))
 
-    def runs(self, dag_id: str, run_type: str | None = None, limit: int = 100) -> list[dict]:
-        params: dict[str, Any] = {"limit": limit, "order_by": "id"}
-        if run_type:
-            params["run_type"] = run_type
-        return self.request("GET", f"/dags/{_q(dag_id)}/dagRuns", params=params)["dag_runs"]
+    def runs(self, dag_id: str, run_type: str | None = None) -> list[dict]:
+        """Every run of a DAG, oldest first, optionally of one type (manual, scheduled, backfill, asset_triggered)."""
+        return _all(self.dag_run_api.get_dag_runs, "dag_runs", dag_id=dag_id, order_by=["id"],
+                    run_type=[run_type] if run_type else None)
 
     def set_run_state(self, dag_id: str, run_id: str, state: str) -> dict:
         """Mark a run success / failed / queued (marking it failed also stops its running tasks)."""
-        return self.request("PATCH", f"/dags/{_q(dag_id)}/dagRuns/{_q(run_id)}", json={"state": state})
+        return _plain(self.dag_run_api.patch_dag_run(dag_id, run_id, DAGRunPatchBody(state=state)))
 
     def wait_for_run(self, dag_id: str, run_id: str, timeout: float = 600.0, poll: float = 2.0,
                      until: frozenset[str] = FINISHED_RUN_STATES) -> dict:
@@ -111,41 +139,56 @@ class AirflowApi:
 
     def upstream_asset_events(self, dag_id: str, run_id: str) -> list[dict]:
         """The asset events that triggered an asset-triggered run (each with its `extra`)."""
-        path = f"/dags/{_q(dag_id)}/dagRuns/{_q(run_id)}/upstreamAssetEvents"
-        return self.request("GET", path)["asset_events"]
+        return [_plain(e) for e in self.dag_run_api.get_upstream_asset_events(dag_id, run_id).asset_events]
 
     def backfills(self, dag_id: str) -> list[dict]:
         """Backfills of a DAG, oldest first (`completed_at` is set once all their runs finished)."""
-        return self.request("GET", "/backfills", params={"dag_id": dag_id, "order_by": "id"})["backfills"]
+        return _all(BackfillApi(self.client).list_backfills, "backfills", dag_id=dag_id, order_by=["id"])
 
     def task_instances(self, dag_id: str, run_id: str) -> list[dict]:
-        path = f"/dags/{_q(dag_id)}/dagRuns/{_q(run_id)}/taskInstances"
-        return self.request("GET", path, params={"limit": 100})["task_instances"]
+        """Every task instance of a run."""
+        return _all(self.task_instance_api.get_task_instances, "task_instances", dag_id=dag_id,
+                    dag_run_id=run_id, order_by=["id"])
+
+    def task_tries(self, dag_id: str, run_id: str, task_id: str) -> list[dict]:
+        """Every try of a task instance, oldest first (the TI history plus the TI)."""
+        tries = self.task_instance_api.get_task_instance_tries(dag_id, run_id, task_id).task_instances
+        return sorted((_plain(t) for t in tries), key=lambda t: t["try_number"])
 
     def xcom(self, dag_id: str, run_id: str, task_id: str, key: str = "return_value") -> Any:
         """A task's XCom value, deserialized (JSON-native values come back as they were returned)."""
-        path = f"/dags/{_q(dag_id)}/dagRuns/{_q(run_id)}/taskInstances/{_q(task_id)}/xcomEntries/{_q(key)}"
-        return self.request("GET", path, params={"deserialize": "true"})["value"]
+        entry = self.xcom_api.get_xcom_entry(dag_id=dag_id, dag_run_id=run_id, task_id=task_id, xcom_key=key,
+                                          deserialize=True)
+        return entry.actual_instance.value
 
     def task_log_events(self, dag_id: str, run_id: str, task_id: str, try_number: int = 1) -> list[Any]:
         """The whole log of one try as structured events (dicts with timestamp, event, level, logger, ...)."""
-        path = f"/dags/{_q(dag_id)}/dagRuns/{_q(run_id)}/taskInstances/{_q(task_id)}/logs/{try_number}"
-        return self.request("GET", path, params={"full_content": "true"})["content"]
+        # Raw JSON: the client's log model keeps only `event` and `timestamp` of each event (level, logger and
+        # error_detail are dropped when it parses the list), so read the answer of its official call ourselves.
+        answer = self.task_instance_api.get_log_without_preload_content(dag_id, run_id, task_id, try_number,
+                                                                        full_content=True)
+        return json.loads(answer.data)["content"]
 
     def task_log(self, dag_id: str, run_id: str, task_id: str, try_number: int = 1) -> str:
         """The whole log of one try as text: one line per event, '<level> <logger>: <event>' when known."""
         return "\n".join(_log_line(entry) for entry in self.task_log_events(dag_id, run_id, task_id, try_number))
 
 
-def _q(part: str) -> str:
-    return quote(part, safe="")
+def _plain(model: Any) -> dict:
+    """A response model as JSON-native data, nulls kept (the client's to_dict() drops them), extra fields merged."""
+    data = model.model_dump(mode="json", by_alias=True, exclude={"additional_properties"})
+    return {**data, **to_jsonable_python(getattr(model, "additional_properties", {}))}
 
 
-def _detail(response: requests.Response) -> Any:
-    try:
-        return response.json().get("detail", response.text)
-    except ValueError:
-        return response.text[:2000]
+def _all(list_page: Callable[..., Any], rows_field: str, **params: Any) -> list[dict]:
+    """Every row of a listing endpoint, fetched PAGE_SIZE rows at a time (limit/offset) up to its total_entries."""
+    rows: list[dict] = []
+    while True:
+        page = list_page(limit=PAGE_SIZE, offset=len(rows), **params)
+        batch = getattr(page, rows_field)
+        rows.extend(_plain(row) for row in batch)
+        if not batch or (page.total_entries is not None and len(rows) >= page.total_entries):
+            return rows
 
 
 def _log_line(entry: Any) -> str:
@@ -163,7 +206,7 @@ def _log_line(entry: Any) -> str:
 def _client(args: argparse.Namespace) -> AirflowApi:
     token = args.token or os.environ.get("AIRFLOW_API_TOKEN")
     if token:
-        return AirflowApi(args.url.rstrip("/"), token)
+        return AirflowApi(args.url, token)
     password = args.password or os.environ.get("AIRFLOW_API_PASSWORD")
     if not password:
         raise SystemExit("no credentials: set AIRFLOW_API_PASSWORD (or --password), or AIRFLOW_API_TOKEN")
@@ -199,6 +242,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The command line: print the answer as JSON (a log as text); exit 1 for a failed run, 2 for an error."""
     args = _parser().parse_args(argv)
     try:
         api = _client(args)
@@ -215,7 +259,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             print(api.task_log(args.dag_id, args.run_id, args.task_id, args.try_number))
             return 0
-    except (ApiError, requests.RequestException, TimeoutError) as exc:
+    except (ApiException, OSError, TimeoutError, ValueError) as exc:  # ValueError: the client refused an argument
         print(f"{type(exc).__name__}: {exc}", file=sys.stderr)
         return 2
     print(json.dumps(result, indent=2, default=str))

@@ -217,7 +217,7 @@ def test_scheduler_killed_during_day_stats_recovers_by_itself(cluster):
     tries_by_task = {ti["task_id"]: ti["try_number"] for ti in api.task_instances(INGEST, run_id)}
     assert tries_by_task == {"download": 1, "validate_raw": 1, "day_stats": 2}, tries_by_task
     retry_log = api.task_log(INGEST, run_id, "day_stats", 2)
-    assert "spark-submit criteo_day_stats.py" in retry_log and f"day 1: day_stats {ROWS} rows" in retry_log
+    assert "spark-submit criteo/day_stats.py" in retry_log and f"day 1: day_stats {ROWS} rows" in retry_log
 
     # Outputs complete and identical to the clean day's.
     clean_validated = verify_manifest(criteo_layout.validated_day(root, CLEAN_DAY))
