@@ -5,8 +5,11 @@
 frequency from 1, 0 = missing/rare/unseen) → `transform` (Spark: dictionary applied, log(x+3) numericals,
 train shuffled, test day split into test/validation by file order, split-binary + FeatureSpec) →
 `validate_dataset` → `train` (torchrun, `nproc` processes; gloo on CPU, NCCL on CUDA; resumes from its last
-checkpoint on retry) → `evaluate` (ROC AUC, logloss on the test mapping) → `gate` (AUC threshold and no worse
-than the published model; a failed gate skips publishing) → `publish` (versioned prefix, `latest` moved last).
+checkpoint on retry) → `evaluate` (ROC AUC, logloss on the test mapping) → `export` (TorchScript as a Triton
+model repository) and `gate` (AUC threshold, and no worse than the published model scored on the same test rows
+through its own dictionary; a failed gate skips publishing) → `publish` (a self-contained version: weights,
+dictionary, preprocessing, FeatureSpec, export; `latest` moved last). `python -m tasks.criteo.predict` scores raw
+rows with any published version.
 
 Configuration: a `profile` (`full`: NVIDIA's recipe, the default of scheduled runs; `demo`: one CPU machine) gives
 every knob a value; a knob param left empty takes the profile's. Schedule: retrains when `criteo_ingest` emits a
@@ -26,6 +29,14 @@ from tasks.core.config import load_settings
 from tasks.criteo.dagkit import CRITEO_DAY_STATS
 from tasks.criteo.profiles import KNOBS, PROFILES
 from tasks.dagkit import DEFAULT_ARGS, SPARK_TASK, TRAIN_TASK, knob_params, profile_param, spark_master
+
+
+def record_failure(context) -> None:
+    """on_failure_callback of the tasks that run after `gate` registered the run: the registry then says `failed`
+    (called once the task failed for good, not on a retry)."""
+    from tasks.criteo.dlrm import record_failure as record
+
+    record(load_settings(), context["run_id"], reason=f"{context['ti'].task_id}: {context.get('exception')}")
 
 
 @dag(
@@ -56,9 +67,11 @@ from tasks.dagkit import DEFAULT_ARGS, SPARK_TASK, TRAIN_TASK, knob_params, prof
                             description="Name under which versions are published."),
         "publish_uri": Param(None, type=["null", "string"], pattern=r"^(s3://|/)[A-Za-z0-9_./-]+$",
                              description="Directory or s3://bucket/prefix. Empty = RECFLOW_PUBLISH_URI or "
-                                         "<data root>/published."),
+                                         "<data root>/published. Must lie under RECFLOW_PUBLISH_ALLOWED "
+                                         "(default: the configured store only)."),
         "aws_conn_id": Param("aws_default", type="string", pattern=r"^[A-Za-z0-9_.-]{1,200}$",
-                             description="Airflow connection with S3 credentials (s3:// publish URIs)."),
+                             description="Airflow connection with S3 credentials (s3:// publish URIs); one of "
+                                         "RECFLOW_ALLOWED_CONN_IDS (default: aws_default)."),
     },
 )
 def criteo_dlrm():
@@ -111,27 +124,38 @@ def criteo_dlrm():
 
         return run_evaluation(load_settings(), context["run_id"])
 
-    @task.short_circuit(ignore_downstream_trigger_rules=False)
+    @task
+    def export(trained: dict, **context) -> dict:
+        from tasks.criteo.dlrm import export as export_model
+
+        return export_model(load_settings(), context["run_id"])
+
+    @task.short_circuit(ignore_downstream_trigger_rules=False, on_failure_callback=record_failure)
     def gate(run: dict, metrics: dict, **context) -> bool:
         from tasks.criteo.dlrm import gate as decide
 
-        return decide(load_settings(), context["run_id"], metrics, run,
-                      model_name=context["params"]["model_name"])["passed"]
+        params = context["params"]
+        return decide(load_settings(), context["run_id"], metrics, run, model_name=params["model_name"],
+                      aws_conn_id=params["aws_conn_id"])["passed"]
 
-    @task
+    @task(on_failure_callback=record_failure)
     def publish(run: dict, metrics: dict, **context) -> dict:
-        from tasks.criteo.dlrm import lineage, publish as push
+        from tasks.core.config import NotAllowed
+        from tasks.criteo.dlrm import lineage, publish
+        from tasks.dagkit import fail_without_retry
 
         settings, params = load_settings(), context["params"]
         doc = lineage(settings, context["run_id"], run, dict(params))
-        return push(settings, context["run_id"], context["dag_run"].run_after, metrics, doc,
+        push = fail_without_retry(NotAllowed)(publish)
+        return push(settings, context["run_id"], context["dag_run"].run_after, metrics, doc, run=run,
                     model_name=params["model_name"], store_uri=params["publish_uri"] or None,
                     aws_conn_id=params["aws_conn_id"])
 
     run = resolve_run()
     dataset = transform(run, build_dictionary(run))
-    metrics = evaluate(train(run, validate_dataset(dataset)))
-    gate(run, metrics) >> publish(run, metrics)
+    trained = train(run, validate_dataset(dataset))
+    metrics = evaluate(trained)
+    [gate(run, metrics), export(trained)] >> publish(run, metrics)
 
 
 criteo_dlrm()

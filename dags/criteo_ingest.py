@@ -39,24 +39,29 @@ from tasks.dagkit import DEFAULT_ARGS, SPARK_TASK, fail_without_retry, spark_mas
                             description="Overrides the configured source template for this run (file://, "
                                         "http(s)://, s3://). Empty = RECFLOW_CRITEO_SOURCE with {day}. file:// "
                                         "paths must lie under RECFLOW_FILE_SOURCE_ROOTS (default: the data root "
-                                        "and the configured source folder)."),
+                                        "and the configured source folder), http(s)/s3 URLs under "
+                                        "RECFLOW_SOURCE_ALLOWED_PREFIXES (default: the configured source's "
+                                        "folder)."),
         "expected_sha256": Param(None, type=["null", "string"], pattern=r"^[0-9a-f]{64}$", title="Expected sha256",
                                  description="Checksum of the source file; empty = not checked."),
         "bad_row_budget": Param(0.001, type="number", minimum=0, maximum=1, title="Bad-row budget",
                                 description="Fraction of malformed rows tolerated (quarantined) before failing."),
         "aws_conn_id": Param("aws_default", type="string", pattern=r"^[A-Za-z0-9_.-]{1,200}$",
-                             description="Airflow connection with S3 credentials (s3:// sources)."),
+                             description="Airflow connection with S3 credentials (s3:// sources); one of "
+                                         "RECFLOW_ALLOWED_CONN_IDS (default: aws_default)."),
     },
 )
 def criteo_ingest():
     @task
     def download(**context) -> dict:
+        from tasks.core.config import NotAllowed
         from tasks.criteo.ingest import download_day
 
         settings = load_settings()
         params = context["params"]
-        return download_day(settings, criteo_day(context), source=params["source_url"] or None,
-                            expected_sha256=params["expected_sha256"] or None, aws_conn_id=params["aws_conn_id"])
+        fetch = fail_without_retry(NotAllowed)(download_day)
+        return fetch(settings, criteo_day(context), source=params["source_url"] or None,
+                     expected_sha256=params["expected_sha256"] or None, aws_conn_id=params["aws_conn_id"])
 
     @task
     def validate_raw(downloaded: dict, **context) -> dict:

@@ -8,6 +8,7 @@ server object, so a test can change them between calls:
   server.drop_after_bytes  close the connection abruptly after this many body bytes, on the first response only
                            (setting it again re-arms it for the next response)
   server.requests          every request seen, as (path, Range header or None)
+  server.write_delay_s     seconds to sleep after each 64 KiB written (a slow source; default 0)
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import contextlib
 import re
 import socket
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
@@ -33,6 +35,7 @@ class RangeHTTPServer(ThreadingHTTPServer):
         self.honour_range = honour_range
         self.requests: list[tuple[str, str | None]] = []
         self.drop_after_bytes = drop_after_bytes
+        self.write_delay_s = 0.0
         super().__init__(("127.0.0.1", 0), _RangeHandler)
 
     @property
@@ -114,6 +117,9 @@ class _RangeHandler(BaseHTTPRequestHandler):
                     chunk = f.read(min(_WRITE_BYTES, to_send))
                     self.wfile.write(chunk)
                     to_send -= len(chunk)
+                    if self.server.write_delay_s:
+                        self.wfile.flush()
+                        time.sleep(self.server.write_delay_s)
             self.wfile.flush()
             if drop_after is not None:
                 # An abrupt close mid-body: the client sees fewer bytes than Content-Length announced.

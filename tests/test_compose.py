@@ -14,6 +14,7 @@ SECRETS = {
     "POSTGRES_PASSWORD": "pg-secret", "REDIS_PASSWORD": "redis-secret", "MINIO_ROOT_USER": "minio-user",
     "MINIO_ROOT_PASSWORD": "minio-secret", "AIRFLOW_ADMIN_USER": "ops", "AIRFLOW_PASSWORDS_FILE": "/tmp/pw.json",
     "AIRFLOW_JWT_SECRET": "jwt", "AIRFLOW_SECRET_KEY": "key", "RAPIDS_JAR_URL": "https://example.invalid/r.jar",
+    "GIT_COMMIT": "deadbeef" * 5,  # a stand-in commit (low entropy: not a secret to the scanner)
 }
 
 
@@ -75,3 +76,16 @@ def test_gpu_worker_reserves_nvidia_devices_and_uses_rapids(resolved):
     assert worker["environment"]["RECFLOW_SPARK_PROFILE"] == "gpu"
     assert worker["environment"]["RECFLOW_RAPIDS_JAR"].endswith(".jar")
     assert worker["build"]["args"]["TORCH_INDEX"].endswith("/cu128")
+
+
+def test_images_bake_in_the_commit_that_lineage_records(resolved):
+    """The image has no .git: the build arg GIT_COMMIT becomes RECFLOW_CODE_VERSION (deploy/Dockerfile), which
+    tasks.core.config.code_version reads first, and compose refuses to build without it."""
+    for name, service in resolved["services"].items():
+        if "build" in service:
+            assert service["build"]["args"]["GIT_COMMIT"] == SECRETS["GIT_COMMIT"], name
+    assert resolved["services"]["airflow-worker-gpu"]["build"]["args"]["TORCH_INDEX"].endswith("/cu128")
+    dockerfile = (REPO / "deploy" / "Dockerfile").read_text()
+    assert "ARG GIT_COMMIT" in dockerfile and "ENV RECFLOW_CODE_VERSION=$GIT_COMMIT" in dockerfile
+    out = compose("config", "-q", env={k: v for k, v in SECRETS.items() if k != "GIT_COMMIT"})
+    assert out.returncode != 0 and "GIT_COMMIT" in out.stderr

@@ -92,3 +92,45 @@ def test_criteo_day_index() -> None:
 def test_criteo_day_index_before_epoch_raises() -> None:
     with pytest.raises(ValueError, match=r"before the Criteo epoch 2026-01-01"):
         criteo_day_index(date(2025, 12, 31), date(2026, 1, 1))
+
+
+def test_allow_lists_default_to_the_configured_source_store_and_connection(tmp_path: Path) -> None:
+    settings = load_settings({"RECFLOW_DATA_ROOT": str(tmp_path)})
+    assert settings.allowed_conn_ids == ("aws_default",)
+    assert settings.allowed_publish_stores == (str(tmp_path.resolve() / "published"),)
+    assert settings.partition_lock_timeout_s == 3600.0
+    # A file:// source adds no URL prefix (file roots apply); an http(s)/s3 template allows its own folder only.
+    assert CriteoSettings().allowed_source_prefixes(settings) == ()
+    mirror = load_criteo_settings({"RECFLOW_CRITEO_SOURCE": "https://mirror.example:8443/criteo/day_{day}.gz?sig=1"})
+    assert mirror.allowed_source_prefixes(settings) == ("https://mirror.example:8443/criteo/",)
+    bucket = load_criteo_settings({"RECFLOW_CRITEO_SOURCE": "s3://raw-bucket/{day}/day.gz"})
+    assert bucket.allowed_source_prefixes(settings) == ("s3://raw-bucket/",)
+    s3_store = load_settings({"RECFLOW_PUBLISH_URI": "s3://models/published"})
+    assert s3_store.allowed_publish_stores == ("s3://models/published",)
+
+
+def test_allow_lists_from_the_environment_replace_the_defaults(tmp_path: Path) -> None:
+    settings = load_settings({
+        "RECFLOW_SOURCE_ALLOWED_PREFIXES": "https://a.example/criteo/, s3://raw-bucket/criteo",
+        "RECFLOW_PUBLISH_ALLOWED": f"{tmp_path}/models s3://models",
+        "RECFLOW_ALLOWED_CONN_IDS": "aws_default,aws_readonly",
+        "RECFLOW_PARTITION_LOCK_TIMEOUT_S": "90",
+        "RECFLOW_CRITEO_SOURCE": "https://mirror.example/criteo/day_{day}",
+    })
+    assert settings.source_allowed_prefixes == ("https://a.example/criteo/", "s3://raw-bucket/criteo")
+    mirror = load_criteo_settings({"RECFLOW_CRITEO_SOURCE": "https://mirror.example/criteo/day_{day}"})
+    assert mirror.allowed_source_prefixes(settings) == settings.source_allowed_prefixes  # explicit wins
+    assert settings.allowed_publish_stores == (f"{tmp_path}/models", "s3://models")
+    assert settings.allowed_conn_ids == ("aws_default", "aws_readonly")
+    assert settings.partition_lock_timeout_s == 90.0
+    with pytest.raises(ValueError, match="RECFLOW_SOURCE_ALLOWED_PREFIXES: 'file:///data'"):
+        load_settings({"RECFLOW_SOURCE_ALLOWED_PREFIXES": "file:///data"})
+
+
+def test_code_version_prefers_the_baked_in_commit(monkeypatch: pytest.MonkeyPatch) -> None:
+    from tasks.core.config import code_version
+
+    monkeypatch.setenv("RECFLOW_CODE_VERSION", "0123abc")
+    assert code_version() == "0123abc"
+    monkeypatch.delenv("RECFLOW_CODE_VERSION")
+    assert code_version()  # the checkout's commit, or 'unknown' without git: never empty

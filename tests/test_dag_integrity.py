@@ -33,7 +33,8 @@ for dag_id, dag in bag.dags.items():
     dags[dag_id] = {
         "tags": sorted(dag.tags),
         "doc": bool(dag.doc_md),
-        "tasks": {t.task_id: {"retries": t.retries, "pool": t.pool, "queue": t.queue} for t in dag.tasks},
+        "tasks": {t.task_id: {"retries": t.retries, "pool": t.pool, "queue": t.queue,
+                              "on_failure": bool(t.on_failure_callback)} for t in dag.tasks},
         "params": {k: dag.params.get_param(k).description for k in dag.params.keys()},
         "schemas": {k: {"type": dag.params.get_param(k).schema.get("type"), "default": dag.params.get_param(k).value}
                     for k in dag.params.keys()},
@@ -117,3 +118,9 @@ def test_every_param_left_empty_is_nullable_so_the_form_can_trigger(parsed):
 def test_criteo_ingest_wiring(parsed):
     dag = parsed["dags"]["criteo_ingest"]
     assert list(dag["tasks"]) == ["download", "validate_raw", "day_stats"]
+
+
+def test_criteo_dlrm_marks_a_registered_run_failed_when_gate_or_publish_fails(parsed):
+    # gate registers the run; if it or publish then fails for good, the callback sets the registry status `failed`.
+    tasks = parsed["dags"]["criteo_dlrm"]["tasks"]
+    assert {name for name, task in tasks.items() if task["on_failure"]} == {"gate", "publish"}

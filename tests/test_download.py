@@ -10,6 +10,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -41,6 +42,18 @@ def _sha(data: bytes) -> str:
 
 def _leftovers(directory: Path) -> list[str]:
     return sorted(p.name for p in directory.iterdir())
+
+
+@pytest.fixture(autouse=True)
+def allow_this_tests_servers(request, monkeypatch: pytest.MonkeyPatch) -> None:
+    """download() refuses an http(s)/s3 source outside RECFLOW_SOURCE_ALLOWED_PREFIXES (none by default without a
+    dataset's configured source): allow the servers this test talks to, and nothing else."""
+    prefixes = []
+    if "http_server" in request.fixturenames:
+        prefixes.append(request.getfixturevalue("http_server").base_url)
+    if "s3_bucket" in request.fixturenames:
+        prefixes.append(f"s3://{request.getfixturevalue('s3_bucket')}")
+    monkeypatch.setenv("RECFLOW_SOURCE_ALLOWED_PREFIXES", " ".join(prefixes) or "https://nothing.invalid")
 
 
 @pytest.fixture
@@ -195,7 +208,7 @@ def test_http_404_is_source_not_found(http_server, out: Path) -> None:
 def test_closed_port_cannot_reach(out: Path) -> None:
     url = f"http://127.0.0.1:{free_port()}/day_0"
     with pytest.raises(DownloadError, match=f"cannot reach {url}: .*[Cc]onnection refused"):
-        download(url, out / "day_0", timeout_s=2)
+        download(url, out / "day_0", timeout_s=2, allowed_prefixes=[url])
     assert _leftovers(out) == []
 
 
@@ -303,7 +316,8 @@ def test_s3_client_from_airflow_connection(s3_server, s3_bucket: str, tmp_path: 
         f"download('s3://{s3_bucket}/day_0', Path(sys.argv[1]), s3_client=s3_client_from_connection('recflow_s3'))"
     )
     env = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "AIRFLOW"))}
-    env |= {"AIRFLOW_HOME": str(tmp_path / "airflow"), "AIRFLOW_CONN_RECFLOW_S3": json.dumps(connection)}
+    env |= {"AIRFLOW_HOME": str(tmp_path / "airflow"), "AIRFLOW_CONN_RECFLOW_S3": json.dumps(connection),
+            "RECFLOW_ALLOWED_CONN_IDS": "aws_default,recflow_s3"}
     done = subprocess.run([sys.executable, "-c", script, str(out / "day_0")], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr[-2000:]
@@ -317,3 +331,88 @@ def test_progress_line_reports_rate_and_eta(http_server, source: bytes, out: Pat
     lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("downloading ")]
     assert lines and all(re.search(r"of 0\.3 MB \(\d+%\), [\d.]+ MB/s, ETA \d+:\d\d:\d\d", line) for line in lines)
     assert "(100%)" in lines[-1]
+
+
+# --- allow-lists and the same day from two runs ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("url, prefix, allowed", [
+    ("https://m.example/raw/day_0.gz?sig=x", "https://m.example/raw/", True),
+    ("https://M.EXAMPLE:443/raw/day_0", "https://m.example/raw", True),
+    ("https://m.example/raw/sub/day_0", "https://m.example/", True),
+    ("https://m.example/raw-private/day_0", "https://m.example/raw", False),
+    ("https://m.example.evil.io/raw/day_0", "https://m.example/raw/", False),
+    ("http://m.example/raw/day_0", "https://m.example/raw/", False),
+    ("https://m.example:8443/raw/day_0", "https://m.example/raw/", False),
+    ("https://m.example/raw/../secret", "https://m.example/raw/", False),
+    ("https://m.example/raw/%2e%2e/secret", "https://m.example/raw/", False),
+    ("https://m.example/raw/a%2Fb", "https://m.example/raw/", False),
+    ("s3://bucket/raw/day_0", "s3://bucket/raw/", True),
+    ("s3://bucket/raw/day_0", "s3://bucket", True),
+    ("s3://bucket-2/raw/day_0", "s3://bucket", False),
+    ("s3://bucket/rawer/day_0", "s3://bucket/raw", False),
+])
+def test_source_prefixes_compare_scheme_host_port_and_whole_segments(url, prefix, allowed) -> None:
+    from tasks.core.download_sources import source_under_prefix
+
+    assert source_under_prefix(url, prefix) is allowed
+
+
+def test_source_outside_the_allowed_prefixes_is_refused_before_any_request(http_server, source: bytes,
+                                                                          out: Path) -> None:
+    from tasks.core.download import SourceNotAllowed
+
+    with pytest.raises(SourceNotAllowed, match=r"^source http://127\.0\.0\.1:\d+/day_0 is not under an allowed prefix "
+                                                r"\['https://mirror\.example/raw/'\] \(set "
+                                                r"RECFLOW_SOURCE_ALLOWED_PREFIXES to allow more\)$"):
+        download(http_server.url("day_0"), out / "day_0", allowed_prefixes=["https://mirror.example/raw/"])
+    assert http_server.server.requests == [] and _leftovers(out) == []
+
+
+def test_connection_outside_the_allowed_ids_is_refused_before_it_is_looked_up(monkeypatch) -> None:
+    from tasks.core.download import ConnectionNotAllowed
+
+    with pytest.raises(ConnectionNotAllowed, match=r"^connection 'prod_admin' is not an allowed connection "
+                                                   r"\['aws_default'\] \(set RECFLOW_ALLOWED_CONN_IDS to allow more\)$"):
+        s3_client_from_connection("prod_admin")
+    monkeypatch.setenv("RECFLOW_ALLOWED_CONN_IDS", "aws_readonly")
+    with pytest.raises(ConnectionNotAllowed, match="'aws_default' is not an allowed connection"):
+        s3_client_from_connection("aws_default")
+
+
+_DOWNLOAD_DAY = """
+import json, logging, sys
+logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(name)s %(message)s")
+from tasks.core.config import load_settings
+from tasks.criteo.ingest import download_day
+print(json.dumps(download_day(load_settings(), 0)))
+"""
+
+
+def test_two_runs_of_one_day_never_write_the_same_file(http_server, source: bytes, tmp_path: Path) -> None:
+    """Two criteo_ingest runs of day 0 at once (the `day` param, max_active_runs=3) from a slow source: the second
+    waits for the day's lock, then finds the first one's verified copy; the file is the source, byte for byte."""
+    from tasks.criteo.layout import raw_day
+
+    http_server.server.write_delay_s = 1.0  # ~5 s for the 300 KB source: the second run arrives mid-transfer
+    data = tmp_path / "data"
+    env = {**os.environ, "RECFLOW_DATA_ROOT": str(data), "RECFLOW_CRITEO_SOURCE": http_server.url("day_{day}"),
+           "PYTHONPATH": str(REPO)}
+    env.pop("RECFLOW_SOURCE_ALLOWED_PREFIXES")  # the configured source's own folder is allowed by default
+
+    def start() -> subprocess.Popen:
+        return subprocess.Popen([sys.executable, "-c", _DOWNLOAD_DAY], env=env, cwd=REPO, text=True,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+    first = start()
+    deadline = time.monotonic() + 60
+    while not http_server.server.requests and time.monotonic() < deadline:
+        time.sleep(0.05)  # the first run holds the lock and is transferring
+    second = start()
+    (out1, err1), (out2, err2) = first.communicate(timeout=120), second.communicate(timeout=120)
+    assert first.returncode == 0 and second.returncode == 0, err1[-2000:] + err2[-2000:]
+    results = [json.loads(out1.strip().splitlines()[-1]), json.loads(out2.strip().splitlines()[-1])]
+    assert [r["cached"] for r in results] == [False, True]
+    assert raw_day(data, 0).read_bytes() == source and all(r["sha256"] == _sha(source) for r in results)
+    assert http_server.server.requests == [("/day_0", None)]  # one transfer, never a resume into a shared .part
+    assert f"waiting for day 0's lock held by pid {first.pid} on host" in err2

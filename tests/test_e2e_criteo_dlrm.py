@@ -11,7 +11,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
+import torch
 
 from tasks.core import layout
 from tasks.criteo.settings import CriteoSettings
@@ -58,8 +60,8 @@ def run_dlrm(env: dict[str, str], **conf) -> dict:
 def test_dlrm_trains_evaluates_and_publishes(ingested):
     run = run_dlrm(ingested)
     assert run["state"] == "success", run["log"][-4000:]
-    assert list(run["tasks"]) == ["resolve_run", "build_dictionary", "transform", "validate_dataset", "train", "evaluate", "gate",
-                                  "publish"]
+    assert set(run["tasks"]) == {"resolve_run", "build_dictionary", "transform", "validate_dataset", "train",
+                                 "evaluate", "export", "gate", "publish"}
     assert all(t["state"] == "success" for t in run["tasks"].values())
 
     root = Path(ingested["RECFLOW_DATA_ROOT"])
@@ -73,7 +75,11 @@ def test_dlrm_trains_evaluates_and_publishes(ingested):
     latest = json.loads((store / "latest.json").read_text())
     version_dir = store / "versions" / latest["version"]
     assert {p.name for p in version_dir.iterdir()} >= {"model.pt", "feature_spec.yaml", "metrics.json",
-                                                       "lineage.json", "_MANIFEST.json", "dictionary"}
+                                                       "lineage.json", "_MANIFEST.json", "dictionary",
+                                                       "preprocessing.json", "triton", "gate.json"}
+    assert list((version_dir / "dictionary" / "values").glob("*.parquet"))
+    assert (version_dir / "triton" / "dlrm" / "config.pbtxt").is_file()
+    assert (version_dir / "triton" / "dlrm" / "1" / "model.pt").is_file()
     lineage = json.loads((version_dir / "lineage.json").read_text())
     assert lineage["train_days"] == [0, 1] and lineage["test_day"] == 2
     assert all(lineage["days"][d]["raw"]["sha256"] for d in ("0", "1", "2"))
@@ -85,14 +91,66 @@ def test_dlrm_trains_evaluates_and_publishes(ingested):
                        "--output_dir", str(run_dir / "reeval")])
     assert result.auc == pytest.approx(metrics["auc"], abs=1e-6)
 
+    # The published version alone scores raw rows: predict on the test day's raw file gives the run's own
+    # evaluation scores for the same rows (the test mapping = the first half of the day's rows, in file order),
+    # and the TorchScript export gives the eager model's.
+    from models.dlrm.data import SplitBinaryDataset
+    from models.dlrm.evaluate import load_model_file, predict_dataset
+    from tasks.criteo.predict import fetch_model, predict_file
+    from tasks.formats.feature_spec import FeatureSpec
+
+    model, _ = load_model_file(version_dir / "model.pt")
+    spec = FeatureSpec.from_yaml(run_dir / "dataset" / "feature_spec.yaml")
+    with SplitBinaryDataset(spec, "test", 4096, drop_last_batch=False) as test_rows:
+        expected_labels, expected_logits = predict_dataset(model, test_rows, torch.device("cpu")).arrays()
+    local = fetch_model(f"{root / 'published'}/criteo_dlrm", root / "fetched")
+    raw_test_day = root / "criteo" / "raw" / "day_2"
+    scores = {}
+    for engine in ("eager", "torchscript"):
+        result = predict_file(local, raw_test_day, root / f"scores_{engine}.tsv", engine=engine,
+                              limit_rows=metrics["rows"], with_metrics=True)
+        assert result.scored == metrics["rows"] and result.bad == 0
+        scores[engine] = np.loadtxt(root / f"scores_{engine}.tsv")
+    np.testing.assert_array_equal(scores["eager"][:, 1], expected_labels)
+    np.testing.assert_allclose(scores["eager"][:, 2], 1 / (1 + np.exp(-expected_logits.astype(np.float64))),
+                               atol=2e-6)
+    np.testing.assert_allclose(scores["torchscript"][:, 2], scores["eager"][:, 2], atol=2e-6)
+    assert result.metrics["auc"] == pytest.approx(metrics["auc"], abs=1e-6)
+
     # Progress and rank lines reached the task log as they were printed.
     assert "[rank 0]" in run["log"] and "samples/s" in run["log"]
     assert "gate PASSED" in run["log"]
 
 
-def test_failed_gate_skips_publish(ingested):
-    run = run_dlrm(ingested, min_auc=0.999, epochs=1, limit_train_batches=3)
+def test_a_worse_model_is_gated_out_by_scoring_production_on_the_same_rows(ingested):
+    root = Path(ingested["RECFLOW_DATA_ROOT"])
+    latest = json.loads((root / "published" / "criteo_dlrm" / "latest.json").read_text())
+    run = run_dlrm(ingested, epochs=1, limit_train_batches=2, min_auc=0.5)  # barely trained: clearly worse
+    assert run["tasks"]["gate"]["state"] == "success"  # a failed gate is a decision, not a task failure
     assert run["state"] == "success", run["log"][-4000:]
-    assert run["tasks"]["gate"]["state"] == "success"
     assert run["tasks"]["publish"]["state"] == "skipped"
+    gate = json.loads((layout.run_dir(root, "criteo_dlrm", run["run_id"]) / "gate" / "gate.json").read_text())
+    assert not gate["passed"] and gate["baseline_version"] == latest["version"]
+    assert gate["baseline_basis"].startswith(f"production {latest['version']} scored on the same {ROWS // 2} test rows")
+    # Scored on the same rows as its own evaluation, the production model's AUC is exactly the one it published.
+    assert gate["baseline_auc"] == pytest.approx(latest["metrics"]["auc"], abs=1e-6)
+    assert gate["auc"] < gate["baseline_auc"] - 0.005
     assert "gate FAILED: auc" in run["log"]
+
+
+def test_a_run_that_fails_after_the_gate_ends_failed_in_the_registry(ingested):
+    """publish_uri outside RECFLOW_PUBLISH_ALLOWED: publish fails on its first try (bad input), and its failure
+    callback turns the run the gate registered into `failed` (before, nothing ever set that status)."""
+    from tasks.release.registry import Registry
+
+    root = Path(ingested["RECFLOW_DATA_ROOT"])
+    run = run_dlrm(ingested, epochs=1, limit_train_batches=3, min_auc=0.0, max_regression=1.0,
+                   publish_uri="/srv/elsewhere/models")
+    assert run["state"] == "failed", run["log"][-4000:]
+    assert run["tasks"]["gate"]["state"] == "success"
+    assert run["tasks"]["publish"]["state"] == "failed" and run["tasks"]["publish"]["try_number"] == 1
+    assert (f"PublishNotAllowed: publish store /srv/elsewhere/models is not under an allowed store "
+            f"['{root / 'published'}'] (set RECFLOW_PUBLISH_ALLOWED to allow more)") in run["log"]
+    with Registry("sqlite:///" + str(root / "registry.db")) as registry:
+        assert registry.get_run("criteo_dlrm", run["run_id"]).status == "failed"
+    assert not Path("/srv/elsewhere/models").exists()

@@ -120,3 +120,17 @@ def test_bad_rows_over_budget_fail_validation_without_retry_or_downstream(airflo
     assert (out / "report.json").exists() and (out / "quarantine.jsonl").exists()
     assert read_manifest(out) is None
     assert not criteo_layout.stats_day(root, 3).exists()
+
+
+def test_source_url_outside_the_allow_list_fails_download_without_retry(airflow_env):
+    """A trigger form may name a source URL; one outside RECFLOW_SOURCE_ALLOWED_PREFIXES (default: the configured
+    source's folder, none for this file:// source) is bad input: download fails on its first try, nothing is fetched."""
+    root = data_root(airflow_env)
+    run = run_ingest(airflow_env, 4, source_url="https://evil.example/day_4")
+    assert run["state"] == "failed"
+    assert run["tasks"]["download"]["state"] == "failed"
+    assert run["tasks"]["download"]["try_number"] == 1  # bad input is not retried
+    assert run["tasks"]["validate_raw"]["state"] == "upstream_failed"
+    assert ("SourceNotAllowed: source https://evil.example/day_4 is not under an allowed prefix [] "
+            "(set RECFLOW_SOURCE_ALLOWED_PREFIXES to allow more)") in run["log"]
+    assert not criteo_layout.raw_day(root, 4).exists() and not criteo_layout.validated_day(root, 4).exists()

@@ -58,6 +58,16 @@ def backend(request, tmp_path: Path) -> Backend:
     return Backend("s3", f"s3://{bucket}/published", server.client(), server.endpoint_url)
 
 
+@pytest.fixture(autouse=True)
+def allow_this_tests_stores(request, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """publish_model refuses a store outside RECFLOW_PUBLISH_ALLOWED (default: the configured store): allow this
+    test's directory and bucket (tests/reliability/test_bad_artifacts.py proves the refusal)."""
+    allowed = [str(tmp_path)]
+    if "backend" in request.fixturenames:
+        allowed.append(request.getfixturevalue("backend").uri)
+    monkeypatch.setenv("RECFLOW_PUBLISH_ALLOWED", " ".join(allowed))
+
+
 def model_files(directory: Path, seed: int = 0) -> dict[str, Path]:
     directory.mkdir(parents=True, exist_ok=True)
     contents = {

@@ -284,3 +284,70 @@ def test_progress_log_lines_carry_counts_rate_and_eta(caplog) -> None:
     resumed.report(3_000_000, total=4_000_000)
     # The resumed 2 MB do not count in the rate: 1 MB in 2 s.
     assert resumed.line(12.0) == "downloading x: 3.0 MB of 4.0 MB (75%), 0.5 MB/s, ETA 0:00:02"
+
+
+# --- partition locks ------------------------------------------------------------------------------------------------
+
+_HOLD_LOCK = """
+import sys, time
+from pathlib import Path
+from tasks.core.storage import partition_lock
+with partition_lock(Path(sys.argv[1]), "ds", "day=3", label="day 3"):
+    print("locked", flush=True)
+    time.sleep(float(sys.argv[2]))
+"""
+
+
+def _lock_holder(root: Path, hold_s: float) -> subprocess.Popen:
+    """A child process that holds ds/day=3's lock for hold_s seconds (started once it holds it)."""
+    child = subprocess.Popen([sys.executable, "-c", _HOLD_LOCK, str(root), str(hold_s)], stdout=subprocess.PIPE,
+                             text=True, env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
+    assert child.stdout.readline().strip() == "locked"
+    return child
+
+
+def test_partition_lock_makes_a_second_holder_wait_and_names_the_first(tmp_path, caplog) -> None:
+    import logging
+
+    from tasks.core.storage import partition_lock, partition_lock_path
+
+    holder = _lock_holder(tmp_path, 1.5)
+    start = time.monotonic()
+    with caplog.at_level(logging.INFO, logger="tasks.core.storage"):
+        with partition_lock(tmp_path, "ds", "day=3", timeout_s=60, label="day 3"):
+            waited = time.monotonic() - start
+            assert holder.poll() is not None  # it held the lock until it exited
+            assert partition_lock_path(tmp_path, "ds", "day=3").read_text().split()[0] == str(os.getpid())
+    assert holder.wait(10) == 0 and waited >= 0.5
+    assert f"waiting for day 3's lock held by pid {holder.pid} on host {socket.gethostname()}" in caplog.text
+    assert "got day 3's lock after waiting" in caplog.text
+    assert sorted(p.name for p in (tmp_path / "ds").iterdir()) == [".lock-day=3"]  # hidden, kept, nothing else
+
+
+def test_partition_lock_wait_is_bounded_and_a_killed_holder_releases_it(tmp_path) -> None:
+    from tasks.core.storage import PartitionLockTimeout, partition_lock
+
+    holder = _lock_holder(tmp_path, 60)
+    try:
+        with pytest.raises(PartitionLockTimeout, match=rf"day 3's lock .* is still held by pid {holder.pid} on host "
+                                                       r".* after \d+ s: giving up .*RECFLOW_PARTITION_LOCK_TIMEOUT_S"):
+            with partition_lock(tmp_path, "ds", "day=3", timeout_s=0.5, label="day 3"):
+                pytest.fail("the lock was given while its holder lived")
+    finally:
+        holder.kill()
+        holder.wait(10)
+    start = time.monotonic()
+    with partition_lock(tmp_path, "ds", "day=3", timeout_s=5):  # the kernel dropped the dead holder's lock
+        assert time.monotonic() - start < 1.0
+    with partition_lock(tmp_path, "ds", "day=4", timeout_s=0):  # another partition never waits for day 3
+        with partition_lock(tmp_path, "ds", "day=3", timeout_s=0):
+            pass
+
+
+@pytest.mark.parametrize("dataset, key", [("ds", "../x"), ("ds", "a/b"), ("../ds", "day=1"), ("ds", "")])
+def test_partition_lock_names_stay_inside_the_data_root(tmp_path, dataset, key) -> None:
+    from tasks.core.storage import partition_lock
+
+    with pytest.raises(ValueError, match="cannot name a lock"):
+        with partition_lock(tmp_path, dataset, key):
+            pass

@@ -85,13 +85,18 @@ class StreamingPredictions:
         self._logits.append(logits)
         self.rows += labels.size
 
-    def compute(self) -> dict[str, float]:
-        """{'auc', 'logloss', 'rows', 'positive_rate'} over everything added."""
+    def arrays(self) -> tuple[np.ndarray, np.ndarray]:
+        """(labels uint8, logits float32) of every row added so far, in the order added."""
         if not self._labels:
             raise ValueError("no predictions were added: the evaluation dataset yielded no batches")
         # One array each, kept in place of the per-batch ones so those are freed (and compute() can run again).
         labels, logits = np.concatenate(self._labels), np.concatenate(self._logits)
         self._labels, self._logits = [labels], [logits]
+        return labels, logits
+
+    def compute(self) -> dict[str, float]:
+        """{'auc', 'logloss', 'rows', 'positive_rate'} over everything added."""
+        labels, logits = self.arrays()
         return {
             "auc": roc_auc(labels, logits),
             "logloss": log_loss_from_logits(labels, logits),

@@ -13,15 +13,38 @@ each pipeline its training profiles. Environment variables (all optional; with n
   RECFLOW_TRAIN_NPROC      training processes per node of scheduled runs (default 1)
   RECFLOW_REGISTRY_CONN_ID Airflow connection (postgres / sqlite) of the model registry (default: none, the SQLite
                            file <data root>/registry.db); a named connection that does not exist fails the task
+  RECFLOW_SOURCE_ALLOWED_PREFIXES  http(s):// and s3:// URL prefixes a source URL (a DAG's source_url param) may
+                           start with, separated by commas or spaces (default: the folder of each dataset's
+                           configured http(s)/s3 source template; none for file:// templates)
+  RECFLOW_PUBLISH_ALLOWED  directories and s3://bucket[/prefix] a publish URI (a DAG's publish_uri param) may lie
+                           under, separated by commas or spaces (default: the configured publish store only)
+  RECFLOW_ALLOWED_CONN_IDS Airflow connections a trigger form may name for credentials (aws_conn_id), separated by
+                           commas or spaces (default: aws_default)
+  RECFLOW_PARTITION_LOCK_TIMEOUT_S  seconds a step waits for another run's lock on the same partition before it
+                           fails, to be retried (default 3600)
+  RECFLOW_CODE_VERSION     the commit of the running code, for lineage (the image sets it at build time from the
+                           GIT_COMMIT build arg; default: `git rev-parse HEAD` of the checkout, else 'unknown')
+
+An input outside an allow-list raises a NotAllowed error whose one line names the setting to change; it is bad input,
+so the DAGs fail the task without retry.
 """
 
 from __future__ import annotations
 
 import os
+import re
+import subprocess
 from dataclasses import dataclass, replace
 from pathlib import Path
+from urllib.parse import urlsplit
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
+_LIST_SEPARATORS = re.compile(r"[,\s]+")
+
+
+class NotAllowed(Exception):
+    """An input (a source URL, a publish store, a connection id) lies outside the deployment's allow-lists. The
+    message is one line naming the setting that would allow it. Bad input does not get better on retry."""
 
 
 @dataclass(frozen=True)
@@ -38,6 +61,11 @@ class Settings:
     train_device: str = "auto"
     train_nproc: int = 1
     registry_conn_id: str = ""  # empty: the SQLite registry under the data root
+    # What a trigger form may name (see the module docstring): empty = derived from the configured source / store.
+    source_allowed_prefixes: tuple[str, ...] = ()
+    publish_allowed: tuple[str, ...] = ()
+    allowed_conn_ids: tuple[str, ...] = ("aws_default",)
+    partition_lock_timeout_s: float = 3600.0
 
     def allowed_file_roots(self, *source_folders: Path) -> tuple[Path, ...]:
         """Where file:// sources may point: a trigger form must not read any file the worker can see. Explicit
@@ -45,6 +73,18 @@ class Settings:
         if self.file_source_roots:
             return self.file_source_roots
         return tuple(root.resolve() for root in (self.data_root, *source_folders))
+
+    def allowed_source_prefixes(self, *source_templates: str) -> tuple[str, ...]:
+        """URL prefixes an http(s)/s3 source may start with. Explicit RECFLOW_SOURCE_ALLOWED_PREFIXES win;
+        otherwise the folder of each configured http(s)/s3 source template (file:// templates add none)."""
+        if self.source_allowed_prefixes:
+            return self.source_allowed_prefixes
+        return tuple(dict.fromkeys(p for t in source_templates if (p := url_template_prefix(t))))
+
+    @property
+    def allowed_publish_stores(self) -> tuple[str, ...]:
+        """Where a publish URI may point: explicit RECFLOW_PUBLISH_ALLOWED, else the configured store only."""
+        return self.publish_allowed or (self.publish_store,)
 
     @property
     def publish_store(self) -> str:
@@ -77,7 +117,51 @@ def load_settings(env: dict[str, str] | None = None) -> Settings:
         overrides["registry_conn_id"] = env["RECFLOW_REGISTRY_CONN_ID"]
     if env.get("RECFLOW_TRAIN_NPROC"):
         overrides["train_nproc"] = int(env["RECFLOW_TRAIN_NPROC"])
+    if env.get("RECFLOW_SOURCE_ALLOWED_PREFIXES"):
+        prefixes = _list(env["RECFLOW_SOURCE_ALLOWED_PREFIXES"])
+        for prefix in prefixes:
+            parts = urlsplit(prefix)
+            if parts.scheme.lower() not in ("http", "https", "s3") or not parts.netloc:
+                raise ValueError(f"RECFLOW_SOURCE_ALLOWED_PREFIXES: {prefix!r} is not an http(s):// or s3:// URL "
+                                 "prefix with a host or bucket (file:// sources use RECFLOW_FILE_SOURCE_ROOTS)")
+        overrides["source_allowed_prefixes"] = prefixes
+    if env.get("RECFLOW_PUBLISH_ALLOWED"):
+        overrides["publish_allowed"] = _list(env["RECFLOW_PUBLISH_ALLOWED"])
+    if env.get("RECFLOW_ALLOWED_CONN_IDS"):
+        overrides["allowed_conn_ids"] = _list(env["RECFLOW_ALLOWED_CONN_IDS"])
+    if env.get("RECFLOW_PARTITION_LOCK_TIMEOUT_S"):
+        overrides["partition_lock_timeout_s"] = float(env["RECFLOW_PARTITION_LOCK_TIMEOUT_S"])
     return replace(Settings(), **overrides)
+
+
+def _list(value: str) -> tuple[str, ...]:
+    return tuple(item for item in _LIST_SEPARATORS.split(value) if item)
+
+
+def url_template_prefix(template: str) -> str | None:
+    """The folder of an http(s)/s3 URL template ('https://host/raw/day_{day}.gz' -> 'https://host/raw/'),
+    up to the last '/' before the first placeholder; None for file:// templates and plain paths."""
+    parts = urlsplit(template)
+    if parts.scheme.lower() not in ("http", "https", "s3") or not parts.netloc:
+        return None
+    root = f"{parts.scheme}://{parts.netloc}/"
+    head = template.split("{", 1)[0].split("?", 1)[0]
+    folder = head[: head.rfind("/") + 1]
+    return folder if len(folder) > len(root) else root
+
+
+def code_version() -> str:
+    """The commit of the running code, for lineage: RECFLOW_CODE_VERSION (baked into the image at build time),
+    else `git rev-parse HEAD` of the checkout, else 'unknown'."""
+    baked = os.environ.get("RECFLOW_CODE_VERSION", "").strip()
+    if baked:
+        return baked
+    try:
+        out = subprocess.run(["git", "-C", str(REPO_ROOT), "rev-parse", "HEAD"], capture_output=True, text=True,
+                             timeout=10, check=True)
+        return out.stdout.strip() or "unknown"
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
 
 
 def file_url_folder(template: str) -> Path | None:

@@ -24,8 +24,8 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from tasks.core.download_sources import (  # noqa: F401 - errors and the S3 client factory are this module's API too
-    ChecksumMismatch, DownloadError, SourceNotFound, _Body, _Interrupted, _opener, _parse_source, _RangeNotSatisfiable,
-    s3_client_from_connection,
+    ChecksumMismatch, ConnectionNotAllowed, DownloadError, SourceNotAllowed, SourceNotFound, _Body, _Interrupted,
+    _opener, _parse_source, _RangeNotSatisfiable, _Source, check_source_prefix, s3_client_from_connection,
 )
 from tasks.core.progress import ProgressLog
 from tasks.core.storage import atomic_file, write_text_atomic
@@ -57,24 +57,21 @@ class _Part:
 def download(
     source_url: str, destination: Path, *, expected_sha256: str | None = None, decompress: bool | None = None,
     s3_client: Any = None, chunk_bytes: int = 8 << 20, timeout_s: float = 60.0, max_resume_attempts: int = 3,
-    allowed_file_roots: Sequence[Path] | None = None,
+    allowed_file_roots: Sequence[Path] | None = None, allowed_prefixes: Sequence[str] | None = None,
 ) -> DownloadResult:
     """Fetch `source_url` into `destination` (see the module docstring); safe to retry.
 
     decompress: None = gunzip when the URL path ends with `.gz`. s3_client: a boto3 S3 client (default: boto3's
     default chain, see s3_client_from_connection). allowed_file_roots: directories a file:// source must lie under
     (symlinks resolved); None = the deployment's roots (tasks.core.config.Settings.allowed_file_roots()), so no
-    caller can forget the check.
+    caller can forget the check. allowed_prefixes: URL prefixes an http(s)/s3 source must lie under (whole path
+    segments, same scheme/host/port or bucket); None = the deployment's RECFLOW_SOURCE_ALLOWED_PREFIXES (none when
+    unset: a dataset passes its configured source's folder). Either refusal is a SourceNotAllowed, before any I/O.
     """
     started = time.monotonic()
     destination = Path(destination)
-    source = _parse_source(source_url)
-    if source.path is not None:
-        if allowed_file_roots is None:
-            from tasks.core.config import load_settings
-
-            allowed_file_roots = load_settings().allowed_file_roots()
-        check_file_root(source.path, allowed_file_roots)
+    source = check_source_allowed(source_url, allowed_file_roots=allowed_file_roots,
+                                  allowed_prefixes=allowed_prefixes)
     if decompress is None:
         decompress = urlsplit(source_url).path.endswith(".gz")
     expected = expected_sha256.strip().lower() if expected_sha256 else None
@@ -108,13 +105,33 @@ def download(
     return result
 
 
+def check_source_allowed(source_url: str, *, allowed_file_roots: Sequence[Path] | None = None,
+                         allowed_prefixes: Sequence[str] | None = None) -> _Source:
+    """Parse the URL and refuse it unless it lies under an allowed file root (file://) or URL prefix (http(s),
+    s3); None = the deployment's (see download()). Touches nothing: callers may check before taking locks."""
+    source = _parse_source(source_url)
+    if source.path is not None:
+        if allowed_file_roots is None:
+            from tasks.core.config import load_settings
+
+            allowed_file_roots = load_settings().allowed_file_roots()
+        check_file_root(source.path, allowed_file_roots)
+    else:
+        if allowed_prefixes is None:
+            from tasks.core.config import load_settings
+
+            allowed_prefixes = load_settings().allowed_source_prefixes()
+        check_source_prefix(source_url, allowed_prefixes)
+    return source
+
+
 def check_file_root(path: Path, roots: Sequence[Path]) -> None:
     """A local source must lie under one of the allowed roots, symlinks resolved (a trigger form names the URL)."""
     resolved = Path(path).resolve()
     roots = [Path(root).resolve() for root in roots]
     if not any(resolved.is_relative_to(root) for root in roots):
-        raise DownloadError(f"file source {resolved} is outside the allowed roots {[str(r) for r in roots]} "
-                            f"(set RECFLOW_FILE_SOURCE_ROOTS to allow more)")
+        raise SourceNotAllowed(f"file source {resolved} is outside the allowed roots {[str(r) for r in roots]} "
+                               f"(set RECFLOW_FILE_SOURCE_ROOTS to allow more)")
 
 
 def _existing_part(path: Path) -> _Part:

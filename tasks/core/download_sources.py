@@ -7,11 +7,13 @@ from __future__ import annotations
 import logging
 import os
 import re
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlsplit, urlunsplit
+
+from tasks.core.config import NotAllowed
 
 log = logging.getLogger(__name__)
 
@@ -27,6 +29,14 @@ class ChecksumMismatch(DownloadError):
 
 class SourceNotFound(DownloadError):
     """No such file / object / URL (HTTP 403/404/410, S3 NoSuchKey/NoSuchBucket/AccessDenied)."""
+
+
+class SourceNotAllowed(DownloadError, NotAllowed):
+    """The source lies outside the deployment's allowed file roots or URL prefixes (bad input: not retried)."""
+
+
+class ConnectionNotAllowed(NotAllowed):
+    """A run named an Airflow connection outside RECFLOW_ALLOWED_CONN_IDS (bad input: not retried)."""
 
 
 class _Interrupted(Exception):
@@ -90,10 +100,68 @@ def _parse_source(url: str) -> _Source:
     raise DownloadError(f"unsupported URL scheme {scheme!r} in {_shown(url)}: use file://, http(s):// or s3://")
 
 
-def s3_client_from_connection(conn_id: str | None) -> Any:
+_DEFAULT_PORTS = {"http": 80, "https": 443}
+
+
+def _url_key(url: str) -> tuple[str, str, int | None, list[str]] | None:
+    """(scheme, host or bucket, port, decoded path segments) of an http(s)/s3 URL; None when its path has a '.',
+    '..' or empty segment or an encoded '/' or '\\' (it could leave the folder it seems to be under)."""
+    parts = urlsplit(url)
+    scheme = parts.scheme.lower()
+    if scheme == "s3":
+        host, _, path = url.split("://", 1)[1].partition("/")
+        port = None
+    else:
+        host, path = (parts.hostname or "").lower(), parts.path.lstrip("/")
+        try:
+            port = parts.port or _DEFAULT_PORTS.get(scheme)
+        except ValueError:  # a port that is not a number
+            return None
+    segments = [unquote(segment) for segment in path.split("/")] if path else []
+    if segments[-1:] == [""]:
+        segments.pop()  # a trailing '/': the folder itself
+    if any(segment in ("", ".", "..") or "/" in segment or "\\" in segment for segment in segments):
+        return None
+    return scheme, host, port, segments
+
+
+def source_under_prefix(url: str, prefix: str) -> bool:
+    """True when an http(s)/s3 URL lies under an allowed prefix: same scheme, host (or bucket) and port, and the
+    prefix's path segments lead the URL's (whole segments: 'https://h/raw' allows 'https://h/raw/day_0' but not
+    'https://h/raw-private/x'). The query string is not compared."""
+    source, allowed = _url_key(url), _url_key(prefix)
+    if source is None or allowed is None or source[:3] != allowed[:3]:
+        return False
+    return source[3][: len(allowed[3])] == allowed[3]
+
+
+def check_source_prefix(url: str, prefixes: Sequence[str]) -> None:
+    """An http(s)/s3 source must lie under one of the allowed prefixes (a trigger form names the URL)."""
+    if _url_key(url) is None:
+        raise SourceNotAllowed(f"source {_shown(url)} has a '.', '..', empty or encoded-slash path segment: "
+                               "not allowed in a source URL")
+    if not any(source_under_prefix(url, prefix) for prefix in prefixes):
+        raise SourceNotAllowed(f"source {_shown(url)} is not under an allowed prefix {list(prefixes)} "
+                               "(set RECFLOW_SOURCE_ALLOWED_PREFIXES to allow more)")
+
+
+def check_connection_allowed(conn_id: str, allowed: Sequence[str] | None = None) -> None:
+    """A connection a run names must be one the deployment allows (its credentials are the deployment's)."""
+    if allowed is None:
+        from tasks.core.config import load_settings
+
+        allowed = load_settings().allowed_conn_ids
+    if conn_id not in allowed:
+        raise ConnectionNotAllowed(f"connection {conn_id!r} is not an allowed connection {list(allowed)} "
+                                   "(set RECFLOW_ALLOWED_CONN_IDS to allow more)")
+
+
+def s3_client_from_connection(conn_id: str | None, allowed_conn_ids: Sequence[str] | None = None) -> Any:
     """A boto3 S3 client from an Airflow `aws` connection, or from boto3's default chain when conn_id is None
-    (environment, AWS_ENDPOINT_URL_S3, instance profile)."""
+    (environment, AWS_ENDPOINT_URL_S3, instance profile). A named connection must be in allowed_conn_ids (None:
+    the deployment's RECFLOW_ALLOWED_CONN_IDS) before it is looked up."""
     if conn_id:
+        check_connection_allowed(conn_id, allowed_conn_ids)
         from airflow.providers.amazon.aws.hooks.s3 import S3Hook
 
         return S3Hook(aws_conn_id=conn_id).get_conn()

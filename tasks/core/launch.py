@@ -100,12 +100,17 @@ def train_with_torchrun(module: str, dataset_dir: Path, output_dir: Path, config
             "plot": str(output_dir / "training_curves.png")}
 
 
+def run_module(module: str, args: list[str], *, label: str, what: str) -> None:
+    """`python -m module args` in one child process (evaluation, export, scoring), its output streamed into the
+    task log; a non-zero exit raises TrainingFailed naming `what` and the child's last error line."""
+    result = run_streaming([sys.executable, "-m", module, *args], env=_child_env(1), label=label)
+    if result.returncode != 0:
+        raise TrainingFailed(f"{what} exited {result.returncode}: {result.last_error_line}")
+
+
 def evaluate_in_child(module: str, model_path: Path, dataset_dir: Path, out_dir: Path, *, mapping: str = "test",
                       label: str = "evaluate") -> dict[str, Any]:
     """Run an evaluator module on a mapping of the dataset in a child process; returns its metrics.json."""
-    argv = [sys.executable, "-m", module, "--model_path", str(model_path), "--dataset_dir",
-            str(dataset_dir), "--mapping", mapping, "--output_dir", str(out_dir)]
-    result = run_streaming(argv, env=_child_env(1), label=label)
-    if result.returncode != 0:
-        raise TrainingFailed(f"evaluation exited {result.returncode}: {result.last_error_line}")
+    run_module(module, ["--model_path", str(model_path), "--dataset_dir", str(dataset_dir), "--mapping", mapping,
+                        "--output_dir", str(out_dir)], label=label, what="evaluation")
     return json.loads((out_dir / "metrics.json").read_text())

@@ -13,6 +13,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 import shutil
 import socket
 import time
@@ -213,3 +214,80 @@ def atomic_file(final: Path, mode: str = "wb") -> Iterator[Any]:
 def write_text_atomic(final: Path, text: str) -> None:
     with atomic_file(final, "w") as f:
         f.write(text)
+
+
+class PartitionLockTimeout(TimeoutError):
+    """Another run held a partition's lock for longer than the wait allowed (a retry waits again)."""
+
+
+_LOCK_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.=-]{0,127}")
+_LOCK_POLL_S = 0.2
+_LOCK_REPORT_EVERY_S = 60.0
+
+
+def partition_lock_path(root: Path, dataset: str, key: str) -> Path:
+    """`<root>/<dataset>/.lock-<key>`: one lock file per partition, kept (removing a lock file races its waiters)."""
+    for kind, value in (("dataset", dataset), ("partition key", key)):
+        if not _LOCK_NAME.fullmatch(value):
+            raise ValueError(f"{kind} {value!r} cannot name a lock: use 1-128 of A-Z a-z 0-9 _ . = -")
+    return Path(root) / dataset / f".lock-{key}"
+
+
+def _lock_holder(fd: int) -> str:
+    try:
+        text = os.pread(fd, 512, 0).decode("utf-8", "replace").split()
+    except OSError:
+        text = []
+    if len(text) >= 2 and text[0].isdigit():
+        return f"pid {text[0]} on host {text[1]}" + (f" since {text[2]}" if len(text) > 2 else "")
+    return "another process"
+
+
+@contextlib.contextmanager
+def partition_lock(root: Path, dataset: str, key: str, *, timeout_s: float = 3600.0,
+                   label: str | None = None) -> Iterator[None]:
+    """Hold the exclusive lock of one partition (dataset + key, e.g. a day) for the block, so that two runs of the
+    same partition never write the same files at once: the second waits, then finds the first one's finished output.
+
+    An fcntl.flock on `<root>/<dataset>/.lock-<key>` (a shared data root: the lock works across hosts where the file
+    system supports flock, e.g. NFSv4, where Linux maps it to byte-range locks). The kernel drops it when the holder
+    exits, however it dies. The holder writes its pid, host and start time into the file, so a waiter logs who it
+    waits for. Waits at most timeout_s, then raises PartitionLockTimeout (retryable: the holder may still finish).
+    """
+    import fcntl
+
+    path = partition_lock_path(root, dataset, key)
+    label = label or f"{dataset} {key}"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        started = time.monotonic()
+        reported = None
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                waited = time.monotonic() - started
+                if waited >= timeout_s:
+                    raise PartitionLockTimeout(
+                        f"{label}'s lock {path} is still held by {_lock_holder(fd)} after {waited:.0f} s: giving up "
+                        "(a retry waits again; RECFLOW_PARTITION_LOCK_TIMEOUT_S sets the wait)") from None
+                if reported is None or waited - reported >= _LOCK_REPORT_EVERY_S:
+                    log.info("waiting for %s's lock held by %s (%.0f s so far, at most %.0f s)", label,
+                             _lock_holder(fd), waited, timeout_s)
+                    reported = waited
+                time.sleep(min(_LOCK_POLL_S, max(timeout_s - waited, 0.0)))
+        if reported is not None:
+            log.info("got %s's lock after waiting %.1f s", label, time.monotonic() - started)
+        stamp = datetime.now(timezone.utc).isoformat(timespec="seconds")
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()} {_HOST} {stamp}\n".encode(), 0)
+        try:
+            yield
+        finally:
+            with contextlib.suppress(OSError):
+                os.ftruncate(fd, 0)  # nobody holds it now (the next holder writes its own line)
+            fcntl.flock(fd, fcntl.LOCK_UN)
+    finally:
+        os.close(fd)

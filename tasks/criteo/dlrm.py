@@ -3,9 +3,9 @@ against the published model, and publish with lineage. Plain functions; the DAG 
 
 from __future__ import annotations
 
+import json
 import logging
 import re
-import subprocess
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -13,8 +13,8 @@ from typing import Any
 
 from tasks.core.layout import run_dir
 from tasks.criteo import layout
-from tasks.core.config import REPO_ROOT, Settings
-from tasks.core.storage import fingerprint, read_manifest
+from tasks.core.config import Settings, code_version
+from tasks.core.storage import file_sha256, fingerprint, read_manifest, write_text_atomic
 
 log = logging.getLogger(__name__)
 
@@ -22,6 +22,8 @@ PIPELINE = "criteo_dlrm"
 DATASET = "criteo"
 TRAIN_MODULE = "models.dlrm.train"
 EVALUATE_MODULE = "models.dlrm.evaluate"
+EXPORT_MODULE = "models.dlrm.export"
+PREDICT_MODULE = "tasks.criteo.predict"
 _DAY_RANGES = re.compile(r"^\s*\d+(\s*-\s*\d+)?(\s*,\s*\d+(\s*-\s*\d+)?)*\s*$")
 
 
@@ -118,6 +120,16 @@ class RunPaths:
     def evaluation(self) -> Path:
         return self.root / "eval"
 
+    @property
+    def export(self) -> Path:
+        """The serving export: a Triton model repository (models.dlrm.export)."""
+        return self.root / "export"
+
+    @property
+    def gate(self) -> Path:
+        """The gate's record: gate.json, and the production model's scores on this run's test rows."""
+        return self.root / "gate"
+
 
 def run_paths(settings: Settings, run_id: str) -> RunPaths:
     return RunPaths(run_dir(settings.data_root, PIPELINE, run_id))
@@ -154,12 +166,27 @@ def evaluate(settings: Settings, run_id: str, mapping: str = "test") -> dict[str
     return {key: metrics[key] for key in ("auc", "logloss", "rows", "mapping")}
 
 
-def _s3_client(store_uri: str, aws_conn_id: str | None):
+def export(settings: Settings, run_id: str) -> dict[str, Any]:
+    """TorchScript export of the trained model as a Triton model repository, checked against the eager model."""
+    from tasks.core.launch import run_module
+
+    paths = run_paths(settings, run_id)
+    done = paths.export / "export.json"
+    model = paths.train / "model.pt"
+    if not (done.is_file() and json.loads(done.read_text()).get("source_sha256") == file_sha256(model)):
+        run_module(EXPORT_MODULE, ["--model_path", str(model), "--output_dir", str(paths.export)],
+                   label=f"export {run_id}", what="export")
+        record = json.loads(done.read_text()) | {"source_sha256": file_sha256(model)}
+        write_text_atomic(done, json.dumps(record, indent=2, sort_keys=True))
+    return json.loads(done.read_text())
+
+
+def _s3_client(store_uri: str, aws_conn_id: str | None, allowed_conn_ids: tuple[str, ...]):
     if not store_uri.startswith("s3://"):
         return None
     from tasks.core.download import s3_client_from_connection
 
-    return s3_client_from_connection(aws_conn_id)
+    return s3_client_from_connection(aws_conn_id, allowed_conn_ids)
 
 
 def open_registry(settings: Settings, conn_id: str | None = None):
@@ -170,10 +197,37 @@ def open_registry(settings: Settings, conn_id: str | None = None):
     return open_migrated(settings.data_root, settings.registry_conn_id if conn_id is None else conn_id or None)
 
 
+def score_published(settings: Settings, run_id: str, version_uri: str, run: dict[str, Any], rows: int,
+                    *, aws_conn_id: str | None = None) -> dict[str, Any]:
+    """AUC / logloss of a published version on this run's test rows: the first `rows` good rows of the test day's
+    raw file (exactly the rows of the run's `test` mapping), scored through the version's own dictionary by
+    `predict` in a child process (the production model may be large; the Airflow worker never loads torch)."""
+    from tasks.core.launch import run_module
+    from tasks.criteo.predict import NotSelfContained, missing_for_scoring
+    from tasks.release.publish import fetch_published_version, parse_model_uri, published_manifest
+
+    store, model, version = parse_model_uri(version_uri)
+    s3_client = _s3_client(store, aws_conn_id, settings.allowed_conn_ids)
+    missing = missing_for_scoring(list(published_manifest(store, model, version, s3_client)["files"]))
+    if missing:
+        raise NotSelfContained(f"{model} {version} has no {', '.join(missing)}")
+    # Fetched here, with the task's connection; the child only reads the local copy.
+    local = fetch_published_version(store, model, version, layout.models_cache(settings.data_root) / model / version,
+                                    s3_client)
+    out = run_paths(settings, run_id).gate / "production_metrics.json"
+    args = ["--model-dir", str(local), "--input", str(layout.raw_day(settings.data_root, run["test_day"])),
+            "--limit-rows", str(rows), "--bad-row-budget", "1.0", "--metrics-out", str(out)]
+    run_module(PREDICT_MODULE, args, label=f"gate {run_id}", what=f"scoring production {model} {version}")
+    return json.loads(out.read_text())["metrics"]
+
+
 def gate(settings: Settings, run_id: str, metrics: dict[str, Any], run: dict[str, Any], *, model_name: str,
-         registry_conn_id: str | None = None) -> dict[str, Any]:
-    """Decide whether this model may be published: AUC >= min_auc and not worse than the production model (the
-    registry's `latest`) by more than max_regression (first model: threshold only). Records the run."""
+         registry_conn_id: str | None = None, aws_conn_id: str | None = None) -> dict[str, Any]:
+    """Decide whether this model may be published: AUC >= min_auc, and not worse than the production model (the
+    registry's `latest`) by more than max_regression *on the same rows*: the production model is scored on this
+    run's test rows through its own published dictionary (TFX Evaluator's baseline comparison). A production
+    version published before versions were self-contained has no dictionary to score with; then its recorded AUC
+    (measured on its own test day) is used and the reason says so. Records the run and both numbers."""
     from tasks.release.gate import decide
 
     knobs = run["knobs"]
@@ -181,25 +235,29 @@ def gate(settings: Settings, run_id: str, metrics: dict[str, Any], run: dict[str
         registry.register_run(PIPELINE, model_name, run_id, dataset=DATASET,
                               window={"train_days": run["train_days"], "test_day": run["test_day"]},
                               config_hash=fingerprint(model_config(knobs, run["device"])))
-        baseline = registry.production_metrics(model_name)
         production = registry.alias(model_name)
-        decision = decide(metrics, metric="auc", min_value=knobs["min_auc"], baseline_metrics=baseline,
-                          max_regression=knobs["max_regression"])
-        registry.set_run_status(PIPELINE, run_id, "trained" if decision.passed else "gated_out", metrics=metrics)
-    log.info("gate %s: %s (production model: %s)", "PASSED" if decision.passed else "FAILED", decision.reason,
-             f"{production['version']} auc {baseline.get('auc')}" if production and baseline else "none yet")
-    return {"passed": decision.passed, "reason": decision.reason, "auc": decision.value,
-            "baseline": decision.baseline, "baseline_version": production["version"] if production else None}
-
-
-def code_version() -> str:
-    """The git commit of the code that trained the model (or 'unknown' outside a checkout)."""
-    try:
-        out = subprocess.run(["git", "-C", str(REPO_ROOT), "rev-parse", "HEAD"], capture_output=True, text=True,
-                             timeout=10, check=True)
-        return out.stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
+        recorded = registry.production_metrics(model_name)
+        version_uri = registry.version(model_name, production["version"])["artifact_uri"] if production else None
+    baseline, basis = None, "no production model yet"
+    if production:
+        try:
+            baseline = score_published(settings, run_id, version_uri, run, int(metrics["rows"]),
+                                       aws_conn_id=aws_conn_id)
+            basis = f"production {production['version']} scored on the same {metrics['rows']} test rows"
+        except FileNotFoundError as exc:  # NotSelfContained: an older version without its dictionary
+            baseline, basis = recorded, f"production {production['version']}'s recorded AUC ({exc})"
+    decision = decide(metrics, metric="auc", min_value=knobs["min_auc"], baseline_metrics=baseline,
+                      max_regression=knobs["max_regression"])
+    record = {"passed": decision.passed, "reason": decision.reason, "auc": decision.value,
+              "baseline_auc": decision.baseline, "baseline_version": production["version"] if production else None,
+              "baseline_basis": basis, "baseline_metrics": baseline}
+    write_text_atomic(run_paths(settings, run_id).gate / "gate.json", json.dumps(record, indent=2, sort_keys=True))
+    with open_registry(settings, registry_conn_id) as registry:
+        registry.set_run_status(PIPELINE, run_id, "trained" if decision.passed else "gated_out",
+                                metrics={**metrics, "baseline": {k: record[k] for k in (
+                                    "baseline_auc", "baseline_version", "baseline_basis")}})
+    log.info("gate %s: %s (%s)", "PASSED" if decision.passed else "FAILED", decision.reason, basis)
+    return record
 
 
 def lineage(settings: Settings, run_id: str, run: dict[str, Any], params: dict[str, Any]) -> dict[str, Any]:
@@ -219,31 +277,61 @@ def lineage(settings: Settings, run_id: str, run: dict[str, Any], params: dict[s
         "code_version": code_version(), "days": day_inputs,
         "dictionary": (read_manifest(paths.dictionary) or {}).get("inputs_fingerprint"),
         "dataset": (read_manifest(paths.dataset) or {}).get("inputs_fingerprint"),
+        "gate": json.loads((paths.gate / "gate.json").read_text()) if (paths.gate / "gate.json").is_file() else None,
     }
 
 
-def publish(settings: Settings, run_id: str, when: datetime, metrics: dict[str, Any], lineage_doc: dict[str, Any],
-            *, model_name: str, store_uri: str | None = None, aws_conn_id: str | None = None,
-            registry_conn_id: str | None = None) -> dict[str, Any]:
-    """Upload checkpoint, FeatureSpec, dictionary summary, metrics, lineage to a new version; then move latest
-    (the store's latest.json and the registry's `latest` alias, each by compare-and-set)."""
-    from tasks.release.publish import make_version, publish_model
+def publishable_files(settings: Settings, run_id: str, run: dict[str, Any]) -> dict[str, Path]:
+    """Everything a version needs to score raw rows on its own (tasks/criteo/predict.py) and to be served: weights,
+    the dictionary (parquet), preprocessing.json, the FeatureSpec, the TorchScript Triton repository, plus the
+    training curves, log and the gate's record. Raises FileNotFoundError naming what is missing."""
+    from spark_jobs.criteo.dictionary import DICTIONARY, parse_threshold_overrides
+    from tasks.criteo.predict import DICTIONARY_PREFIX, PREPROCESSING_FILE, preprocessing_spec
 
     paths = run_paths(settings, run_id)
+    cardinalities = json.loads((paths.dictionary / "cardinalities.json").read_text())
+    knobs = run["knobs"]
+    dictionary_days = run["train_days"] + ([run["test_day"]] if knobs["dictionary_days"] == "all" else [])
+    spec = preprocessing_spec(list(cardinalities.values()), knobs["frequency_threshold"],
+                              parse_threshold_overrides(knobs["threshold_overrides"] or ""), dictionary_days)
+    write_text_atomic(paths.root / PREPROCESSING_FILE, json.dumps(spec, indent=2, sort_keys=True))
     files = {
         "model.pt": paths.train / "model.pt",
+        PREPROCESSING_FILE: paths.root / PREPROCESSING_FILE,
         "feature_spec.yaml": paths.dataset / "feature_spec.yaml",
         "dictionary/cardinalities.json": paths.dictionary / "cardinalities.json",
         "dictionary/model_size.json": paths.dictionary / "model_size.json",
         "training_curves.png": paths.train / "training_curves.png",
         "train_log.jsonl": paths.train / "train_log.jsonl",
+        "gate.json": paths.gate / "gate.json",
     }
+    values = sorted((paths.dictionary / DICTIONARY).glob("*.parquet"))
+    files |= {f"{DICTIONARY_PREFIX}{path.name}": path for path in values}
+    files |= {f"triton/{path.relative_to(paths.export).as_posix()}": path
+              for path in sorted(paths.export.rglob("*")) if path.is_file() and path.name != "export.json"}
     missing = [str(p) for p in files.values() if not p.is_file()]
+    if not values:
+        missing.append(str(paths.dictionary / DICTIONARY / "*.parquet"))
+    if not (paths.export / "dlrm" / "config.pbtxt").is_file():
+        missing.append(str(paths.export / "dlrm" / "config.pbtxt"))
     if missing:
         raise FileNotFoundError(f"cannot publish {run_id}: missing {', '.join(missing)}")
+    return files
+
+
+def publish(settings: Settings, run_id: str, when: datetime, metrics: dict[str, Any], lineage_doc: dict[str, Any],
+            *, run: dict[str, Any], model_name: str, store_uri: str | None = None, aws_conn_id: str | None = None,
+            registry_conn_id: str | None = None) -> dict[str, Any]:
+    """Upload a self-contained version (publishable_files, metrics, lineage); then move latest (the store's
+    latest.json and the registry's `latest` alias, each by compare-and-set)."""
+    from tasks.release.publish import check_store_allowed, make_version, publish_model
+
     store = store_uri or settings.publish_store
+    check_store_allowed(store, settings.allowed_publish_stores)  # a form's publish_uri: refused before any work
+    s3_client = _s3_client(store, aws_conn_id, settings.allowed_conn_ids)  # and a form's aws_conn_id
+    files = publishable_files(settings, run_id, run)
     result = publish_model(store, model_name, make_version(when, run_id), files, metrics, lineage_doc,
-                           s3_client=_s3_client(store, aws_conn_id))
+                           s3_client=s3_client, allowed_stores=settings.allowed_publish_stores)
     with open_registry(settings, registry_conn_id) as registry:
         registry.record_version(model_name, result.version, run_id, result.uri, metrics, pipeline=PIPELINE)
         registry.promote(model_name, result.version)
@@ -254,3 +342,24 @@ def publish(settings: Settings, run_id: str, when: datetime, metrics: dict[str, 
              " (now latest)" if became_latest else f" (latest stays {production and production['version']})")
     return {"model_name": model_name, "version": result.version, "uri": result.uri,
             "became_latest": became_latest, "cached": result.cached}
+
+
+def record_failure(settings: Settings, run_id: str, *, reason: str = "", registry_conn_id: str | None = None) -> bool:
+    """Mark a registered run `failed` in the registry: a task after the gate (which registers the run) failed for
+    good. Returns True when the status changed; a run never registered (it failed before the gate) or already
+    `published` / `gated_out` is left as it is. Called by the DAG's on_failure_callback, so it never raises: a
+    registry that cannot be reached is logged, and the task's own failure stays what the log shows."""
+    try:
+        with open_registry(settings, registry_conn_id) as registry:
+            record = registry.get_run(PIPELINE, run_id)
+            if record is None or record.status in ("published", "gated_out", "failed"):
+                log.info("run %s of %s: %s, registry status left as it is", run_id, PIPELINE,
+                         "not registered" if record is None else f"status {record.status}")
+                return False
+            registry.set_run_status(PIPELINE, run_id, "failed")
+    except Exception as exc:  # noqa: BLE001 - a failure callback must not hide the task's own error
+        log.warning("could not mark run %s of %s failed in the registry: %s: %s", run_id, PIPELINE,
+                    type(exc).__name__, str(exc).splitlines()[0] if str(exc) else "")
+        return False
+    log.info("run %s of %s marked failed in the registry%s", run_id, PIPELINE, f" ({reason})" if reason else "")
+    return True

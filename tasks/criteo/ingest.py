@@ -15,7 +15,7 @@ from typing import Any
 from tasks.core.config import Settings
 from tasks.criteo import layout
 from tasks.criteo.settings import CriteoSettings, load_criteo_settings
-from tasks.core.storage import completed_manifest, file_sha256, fingerprint, read_manifest
+from tasks.core.storage import completed_manifest, file_sha256, fingerprint, partition_lock, read_manifest
 
 log = logging.getLogger(__name__)
 
@@ -26,18 +26,29 @@ class StepInputMissing(RuntimeError):
     """An upstream output this step needs is absent or incomplete."""
 
 
+def day_lock(settings: Settings, day: int):
+    """The day's exclusive lock: two runs of one day (the `day` param, max_active_runs=3) never write the same
+    files; the second waits, then finds the first one's output through its sidecar or manifest."""
+    return partition_lock(settings.data_root, layout.DATASET, f"day={day}", label=f"day {day}",
+                          timeout_s=settings.partition_lock_timeout_s)
+
+
 def download_day(settings: Settings, day: int, *, expected_sha256: str | None = None,
                  aws_conn_id: str | None = None, source: str | None = None,
                  criteo: CriteoSettings | None = None) -> dict[str, Any]:
     """Fetch day_N from its source (file, http(s), s3) into the raw area; cached when a verified copy exists.
     `source` overrides the configured template (criteo.source, RECFLOW_CRITEO_SOURCE) for this day."""
-    from tasks.core.download import download, s3_client_from_connection
+    from tasks.core.download import check_source_allowed, download, s3_client_from_connection
 
     criteo = criteo or load_criteo_settings()
     url = source or criteo.source_url(settings.data_root, day)
-    s3_client = s3_client_from_connection(aws_conn_id) if url.startswith("s3://") else None
-    result = download(url, layout.raw_day(settings.data_root, day), expected_sha256=expected_sha256,
-                      s3_client=s3_client, allowed_file_roots=criteo.allowed_file_roots(settings))
+    allowed = {"allowed_file_roots": criteo.allowed_file_roots(settings),
+               "allowed_prefixes": criteo.allowed_source_prefixes(settings)}
+    check_source_allowed(url, **allowed)  # a refused input leaves nothing under the data root, not even a lock
+    s3_client = s3_client_from_connection(aws_conn_id, settings.allowed_conn_ids) if url.startswith("s3://") else None
+    with day_lock(settings, day):
+        result = download(url, layout.raw_day(settings.data_root, day), expected_sha256=expected_sha256,
+                          s3_client=s3_client, **allowed)
     log.info("day %d: %s (%d bytes, sha256 %s)%s", day, result.path, result.bytes, result.sha256[:12],
              " [cached]" if result.cached else "")
     return {"day": day, "path": result.path, "bytes": result.bytes, "sha256": result.sha256,
@@ -61,20 +72,28 @@ def validate_day(settings: Settings, day: int, *, bad_row_budget: float | None =
 
     budget = settings.bad_row_budget if bad_row_budget is None else bad_row_budget
     raw = layout.raw_day(settings.data_root, day)
-    inputs = {"raw": raw_identity(raw), "budget": budget, "rules": RULES_VERSION}
     out = layout.validated_day(settings.data_root, day)
-    cached = completed_manifest(out, inputs)
-    if cached:
-        log.info("day %d already validated for these inputs (%s): nothing to do", day, out)
-        return {"day": day, "path": str(out), **cached["rows"], "cached": True}
-    summary = validate_raw_file(raw, out, inputs=inputs, budget=budget,
-                                block_bytes=settings.validation_block_bytes)
+    with day_lock(settings, day):
+        inputs = {"raw": raw_identity(raw), "budget": budget, "rules": RULES_VERSION}
+        cached = completed_manifest(out, inputs)
+        if cached:
+            log.info("day %d already validated for these inputs (%s): nothing to do", day, out)
+            return {"day": day, "path": str(out), **cached["rows"], "cached": True}
+        summary = validate_raw_file(raw, out, inputs=inputs, budget=budget,
+                                    block_bytes=settings.validation_block_bytes)
     return {"day": day, "path": str(out), **summary.rows, "cached": False}
 
 
 def day_stats(settings: Settings, day: int, *, spark_master: str = "local[*]", spark_profile: str | None = None,
               spark_conf: dict[str, str] | None = None) -> dict[str, Any]:
-    """Typed columnar copy + categorical value counts of a validated day, by spark-submit."""
+    """Typed columnar copy + categorical value counts of a validated day, by spark-submit (under the day's lock)."""
+    with day_lock(settings, day):
+        return _day_stats(settings, day, spark_master=spark_master, spark_profile=spark_profile,
+                          spark_conf=spark_conf)
+
+
+def _day_stats(settings: Settings, day: int, *, spark_master: str, spark_profile: str | None,
+               spark_conf: dict[str, str] | None) -> dict[str, Any]:
     from tasks.core.spark_submit import SparkSubmit, run_spark_job
 
     validated_dir = layout.validated_day(settings.data_root, day)

@@ -31,3 +31,8 @@ def stats_root(root: Path) -> Path:
 def stats_day(root: Path, day: int) -> Path:
     """Typed parquet copy (columnar/) and categorical value counts (counts/) of one day."""
     return stats_root(root) / f"day={day}"
+
+
+def models_cache(root: Path) -> Path:
+    """Published versions fetched to score with (the gate's production model), one folder per model/version."""
+    return dataset_stage_dir(root, DATASET, "models_cache")

@@ -52,7 +52,7 @@ def _field_rules() -> list[tuple[str, str, bool]]:
     return rules
 
 
-_RULE_TEXT = {
+RULE_TEXT = {
     LABEL_PATTERN: "label must be 0 or 1",
     INT_PATTERN: "not an integer",
     CAT_PATTERN: "not 8 lowercase hex characters",
@@ -62,6 +62,39 @@ _RULE_TEXT = {
 def _display(raw: bytes, limit: int = 2000) -> str:
     text = raw[:limit].decode("utf-8", errors="backslashreplace")
     return text + ("…" if len(raw) > limit else "")
+
+
+QUOTED_CHARS = 40  # at most this many characters of a bad value reach the task log's error line
+
+
+def _escaped(char: str) -> str:
+    code = ord(char)
+    if 0xDC80 <= code <= 0xDCFF:  # an invalid UTF-8 byte (surrogateescape)
+        return f"\\x{code - 0xDC00:02x}"
+    if char in "'\\":
+        return "\\" + char
+    if char.isprintable():
+        return char
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}"
+
+
+def quoted_value(raw: bytes, limit: int = QUOTED_CHARS) -> str:
+    """A field's value as an error line shows it: in quotes, at most `limit` characters, invalid UTF-8 as \\xNN and
+    every non-printable character escaped (control and format characters: terminal escapes, line and paragraph
+    separators, bidi overrides), quote and backslash escaped, and the byte size after a longer value. A hostile
+    file can neither flood nor forge the task log; the quarantine keeps the row itself."""
+    text = raw[: limit * 4].decode("utf-8", errors="surrogateescape")  # 4 bytes per character at most
+    shown, used = [], 0
+    for char in text:
+        token = _escaped(char)
+        if used + len(token) > limit:
+            break
+        shown.append(token)
+        used += len(token)
+    else:
+        if len(raw) <= limit * 4:  # every byte shown
+            return f"'{''.join(shown)}'"
+    return f"'{''.join(shown)}'… ({len(raw)} bytes)"
 
 
 def iter_line_blocks(path: Path, block_bytes: int, max_line_bytes: int = MAX_LINE_BYTES
@@ -164,7 +197,7 @@ def check_block(block: bytes, first_line: int, keep_good: bool = False) -> Block
         parts = raw.split(b"\t")
         column = sum(len(p) + 1 for p in parts[: field - 1]) + 1
         value = parts[field - 1]
-        reason = f"'{_display(value, 60)}' {_RULE_TEXT[rules[field - 1][1]]}"
+        reason = f"{quoted_value(value)} {RULE_TEXT[rules[field - 1][1]]}"
         bad.append(BadRow(first_line + int(line_index), field, column, reason, _display(raw)))
     bad.sort(key=lambda b: b.line)
     good = None

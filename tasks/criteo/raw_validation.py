@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from tasks.criteo.schema import RAW_COLUMNS
-from tasks.criteo.raw_rows import BadRow, check_block, iter_line_blocks
+from tasks.criteo.raw_rows import RULE_TEXT, BadRow, check_block, iter_line_blocks
 from tasks.core.progress import ProgressLog
 from tasks.core.storage import Manifest, atomic_directory, write_manifest, write_text_atomic
 
@@ -49,9 +49,14 @@ def column_name(bad: BadRow) -> str | None:
 
 
 def _reason_kind(bad: BadRow) -> str:
+    """The reason without the row's own value ('cat_3: not 8 lowercase hex characters'), so the report's reason
+    counts stay a handful of kinds whatever a hostile file holds (a value may hold spaces and quotes)."""
     if bad.field == 0:
         return "field count" if "fields" in bad.reason else "line too long"
-    return f"{column_name(bad)}: {bad.reason.split(' ', 1)[1] if ' ' in bad.reason else bad.reason}"
+    rule = next((text for text in RULE_TEXT.values() if bad.reason.endswith(text)), None)
+    if rule is None:  # not a value rule (a carriage return): the reason after its first word, as before
+        rule = bad.reason.split(" ", 1)[1] if " " in bad.reason else bad.reason
+    return f"{column_name(bad)}: {rule}"
 
 
 def validate_raw_file(raw: Path, out: Path, *, inputs: dict[str, Any], budget: float,

@@ -32,6 +32,11 @@ class CriteoSettings:
         folder = file_url_folder(self.source_template(settings.data_root))
         return settings.allowed_file_roots(*([folder] if folder else []))
 
+    def allowed_source_prefixes(self, settings: Settings) -> tuple[str, ...]:
+        """URL prefixes an http(s)/s3 source may start with: RECFLOW_SOURCE_ALLOWED_PREFIXES, else the folder of
+        the configured http(s)/s3 source template (none when the source is a file:// one)."""
+        return settings.allowed_source_prefixes(self.source_template(settings.data_root))
+
     @property
     def epoch_datetime(self) -> datetime:
         return datetime(self.epoch.year, self.epoch.month, self.epoch.day, tzinfo=timezone.utc)

@@ -26,11 +26,14 @@ import os
 import random
 import re
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote, urlsplit
 
+from tasks.core.config import NotAllowed
 from tasks.release.artifact_store import ArtifactStore, open_store
 from tasks.core.storage import MANIFEST_NAME, Manifest, file_sha256
 
@@ -47,6 +50,47 @@ _POINTER_ATTEMPTS = 20
 
 class VersionConflict(RuntimeError):
     """A version already published with different content: versions are immutable."""
+
+
+class PublishNotAllowed(NotAllowed):
+    """The store URI lies outside RECFLOW_PUBLISH_ALLOWED (bad input: not retried)."""
+
+
+def _store_location(uri: str) -> tuple[str, str | Path, list[str]] | None:
+    """('s3', bucket, prefix segments) or ('local', resolved path, []); None when it cannot name a store."""
+    parts = urlsplit(uri)
+    if parts.scheme == "s3":
+        bucket, _, prefix = uri.split("://", 1)[1].partition("/")
+        segments = prefix.strip("/").split("/") if prefix.strip("/") else []
+        if not bucket or any(segment in ("", ".", "..") for segment in segments):
+            return None
+        return "s3", bucket, segments
+    if parts.scheme == "file" and parts.netloc in ("", "localhost"):
+        return "local", Path(unquote(parts.path)).expanduser().resolve(), []
+    if not parts.scheme or len(parts.scheme) == 1:
+        return "local", Path(uri).expanduser().resolve(), []
+    return None
+
+
+def check_store_allowed(store_uri: str, allowed: Sequence[str] | None = None) -> None:
+    """A store URI (a trigger form may name one) must lie under an allowed directory (symlinks resolved) or
+    s3://bucket[/prefix] (whole key segments); None = the deployment's list (RECFLOW_PUBLISH_ALLOWED, else the
+    configured publish store)."""
+    if allowed is None:
+        from tasks.core.config import load_settings
+
+        allowed = load_settings().allowed_publish_stores
+    store = _store_location(store_uri)
+    for entry in allowed:
+        root = _store_location(entry)
+        if store is None or root is None or store[0] != root[0]:
+            continue
+        if store[0] == "local" and Path(store[1]).is_relative_to(root[1]):
+            return
+        if store[0] == "s3" and store[1] == root[1] and store[2][: len(root[2])] == root[2]:
+            return
+    raise PublishNotAllowed(f"publish store {store_uri} is not under an allowed store {list(allowed)} "
+                            "(set RECFLOW_PUBLISH_ALLOWED to allow more)")
 
 
 @dataclass
@@ -128,11 +172,13 @@ def _upload_version(store: ArtifactStore, prefix: str, files: dict[str, Path], e
 
 
 def publish_model(store_uri: str, model_name: str, version: str, files: dict[str, Path], metrics: dict,
-                  lineage: dict, s3_client=None) -> PublishResult:
+                  lineage: dict, s3_client=None, allowed_stores: Sequence[str] | None = None) -> PublishResult:
     """Upload a model version (files, metrics, lineage, manifest last) and move latest.json to it if it is newer.
 
-    files: published name (may hold '/', e.g. 'dictionary/cat_0.parquet') → local path.
+    files: published name (may hold '/', e.g. 'dictionary/cat_0.parquet') → local path. allowed_stores: where
+    store_uri may point (check_store_allowed; None = the deployment's list, so no caller can forget the check).
     """
+    check_store_allowed(store_uri, allowed_stores)
     validate_name("model name", model_name)
     validate_name("version", version)
     store = open_store(store_uri, s3_client)
@@ -252,6 +298,11 @@ def _committed_manifest(store: ArtifactStore, model_name: str, version: str) -> 
     return manifest
 
 
+def published_manifest(store_uri: str, model_name: str, version: str, s3_client=None) -> dict[str, Any]:
+    """The manifest of a committed version (its files with sizes and checksums); FileNotFoundError if uncommitted."""
+    return _committed_manifest(open_store(store_uri, s3_client), model_name, version)
+
+
 def load_published_metrics(store_uri: str, model_name: str, version: str, s3_client=None) -> dict:
     """metrics.json of a committed version, checked against its manifest."""
     store = open_store(store_uri, s3_client)
@@ -286,3 +337,41 @@ def fetch_published_file(store_uri: str, model_name: str, version: str, name: st
     finally:
         tmp.unlink(missing_ok=True)
     return local_path
+
+
+def fetch_published_version(store_uri: str, model_name: str, version: str, local_dir: Path,
+                            s3_client=None) -> Path:
+    """Every file of a committed version under local_dir, each verified against the manifest; the directory
+    appears only complete (atomic) with the version's manifest in it, and a second call finds it and returns."""
+    from tasks.core.storage import atomic_directory
+
+    local_dir = Path(local_dir)
+    store = open_store(store_uri, s3_client)
+    manifest = _committed_manifest(store, model_name, version)
+    local_manifest = local_dir / MANIFEST_NAME
+    if local_manifest.is_file() and json.loads(local_manifest.read_text()).get("files") == manifest["files"]:
+        return local_dir
+    with atomic_directory(local_dir) as tmp:
+        for name in sorted(manifest["files"]):
+            fetch_published_file(store_uri, model_name, version, name, tmp / name, s3_client)
+        (tmp / MANIFEST_NAME).write_text(json.dumps(manifest, indent=2, sort_keys=True))
+    log.info("fetched %s version %s (%d files) into %s", model_name, version, len(manifest["files"]), local_dir)
+    return local_dir
+
+
+def parse_model_uri(uri: str) -> tuple[str, str, str | None]:
+    """'<store>/<model>/versions/<version>' -> (store, model, version); '<store>/<model>' -> (store, model, None)
+    (the latest version). The store is a directory or s3://bucket/prefix, as RECFLOW_PUBLISH_URI."""
+    trimmed = uri.rstrip("/")
+    head, _, last = trimmed.rpartition("/")
+    if head.endswith("/versions"):
+        store_and_model, version = head.removesuffix("/versions"), last
+    else:
+        store_and_model, version = trimmed, None
+    store, _, model = store_and_model.rpartition("/")
+    if not store or not model:
+        raise ValueError(f"model URI {uri!r}: expected <store>/<model>[/versions/<version>]")
+    validate_name("model name", model)
+    if version is not None:
+        validate_name("version", version)
+    return store, model, version

@@ -345,6 +345,12 @@ class Registry:
         raise RegistryError(f"could not move {where} to {version!r} after {_PROMOTE_ATTEMPTS} attempts: "
                             "too many concurrent publishers")
 
+    def version(self, model_name: str, version: str) -> dict | None:
+        """{'model_name', 'version', 'run_id', 'artifact_uri', 'metrics', 'published_at'} of a recorded version."""
+        with self._begin(f"reading {model_name!r} version {version!r}") as conn:
+            row = self._run(conn, "get_version", model_name=model_name, version=version).mappings().first()
+        return dict(row) | {"metrics": json.loads(row["metrics"])} if row is not None else None
+
     def alias(self, model_name: str, alias: str = "latest") -> dict | None:
         """{'version', 'revision', 'updated_at'} of an alias, or None if it was never set."""
         with self._begin(f"reading alias {alias!r} of {model_name!r}") as conn:

@@ -170,7 +170,8 @@ def publish_failure(tmp_path: Path, error: type, *named: str, model: str = "crit
 
     store = tmp_path / "store"
     with pytest.raises(error) as caught:
-        publish_model(str(store), model, version, files or {}, {"auc": 0.8}, {"run_id": "r1"})
+        publish_model(str(store), model, version, files or {}, {"auc": 0.8}, {"run_id": "r1"},
+                      allowed_stores=[str(store)])  # an allowed store (refused stores: test_bad_inputs.py)
     one_line(caught.value, *named)
     assert not store.exists() or snapshot(store) == {}  # nothing uploaded, no manifest, no latest.json
 
@@ -232,7 +233,7 @@ def test_spark_job_crash_is_one_line_and_leaves_no_stats(tmp_path, good_lines, m
         "sys.exit(3)"]))
     with pytest.raises(SparkJobFailed) as caught:
         day_stats(Settings(data_root=tmp_path), DAY)
-    one_line(caught.value, "criteo_day_stats.py failed (exit 3): ValueError: day_0 has no column int_13")
+    one_line(caught.value, "criteo/day_stats.py failed (exit 3): ValueError: day_0 has no column int_13")
     nothing_complete(criteo_layout.stats_day(tmp_path, DAY))
 
 

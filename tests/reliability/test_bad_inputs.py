@@ -136,10 +136,13 @@ def test_bad_row_within_budget_is_quarantined_and_the_day_passes(tmp_path, good_
 
 
 def download_failure(tmp_path: Path, url: str, error: type, *named: str, **kw) -> str:
-    """download() into the raw area must raise `error` and leave neither destination, sidecar nor .part."""
+    """download() into the raw area must raise `error` and leave neither destination, sidecar nor .part. The URL
+    itself is on the allow-list unless the case says otherwise (the allow-list cases are further down)."""
     from tasks.core.download import download
 
     destination = criteo_layout.raw_day(tmp_path, DAY)
+    kw.setdefault("allowed_prefixes", [url])
+    kw.setdefault("allowed_file_roots", [tmp_path])
     with pytest.raises(error) as caught:
         download(url, destination, **kw)
     message = one_line(caught.value, *named)
@@ -348,3 +351,127 @@ def test_writer_refuses_ids_at_cardinality_and_writes_nothing(tmp_path):
     one_line(caught.value, f"{out / 'train' / 'cat_1.bin'} row 3: id 7 outside [0, 7)")
     assert not (out / "train").exists() and not (out / "feature_spec.yaml").exists()
     nothing_complete(tmp_path)
+
+
+# ---- values a trigger form accepts but the deployment does not allow: refused where they are used ---------------
+
+FORM_SOURCES = [  # id, configured RECFLOW_CRITEO_SOURCE (None: the default file:// one), source_url, error line
+    ("source-any-host-with-a-file-source", None, "https://evil.example/day_0",
+     "source https://evil.example/day_0 is not under an allowed prefix [] "
+     "(set RECFLOW_SOURCE_ALLOWED_PREFIXES to allow more)"),
+    ("source-host-that-extends-the-mirror", "https://mirror.example/criteo/day_{day}.gz",
+     "https://mirror.example.evil.io/criteo/day_0.gz?X-Amz-Signature=abc",
+     "source https://mirror.example.evil.io/criteo/day_0.gz?<hidden> is not under an allowed prefix "
+     "['https://mirror.example/criteo/'] (set RECFLOW_SOURCE_ALLOWED_PREFIXES to allow more)"),
+    ("source-sibling-folder-of-the-mirror", "https://mirror.example/criteo/day_{day}.gz",
+     "https://mirror.example/criteo-private/day_0.gz",
+     "source https://mirror.example/criteo-private/day_0.gz is not under an allowed prefix "
+     "['https://mirror.example/criteo/'] (set RECFLOW_SOURCE_ALLOWED_PREFIXES to allow more)"),
+    ("source-encoded-dotdot-out-of-the-mirror", "https://mirror.example/criteo/day_{day}.gz",
+     "https://mirror.example/criteo/%2e%2e/secret",
+     "source https://mirror.example/criteo/%2e%2e/secret has a '.', '..', empty or encoded-slash path segment: "
+     "not allowed in a source URL"),
+    ("source-another-bucket", "s3://raw-bucket/criteo/day_{day}.gz", "s3://secrets/day_0",
+     "source s3://secrets/day_0 is not under an allowed prefix ['s3://raw-bucket/criteo/'] "
+     "(set RECFLOW_SOURCE_ALLOWED_PREFIXES to allow more)"),
+]
+
+
+def _nothing_written(root: Path) -> None:
+    nothing_complete(root)
+    assert not root.exists() or [p for p in root.rglob("*") if p.is_file()] == []  # not even a lock file
+
+
+@pytest.mark.parametrize("configured, url, line", [c[1:] for c in FORM_SOURCES], ids=[c[0] for c in FORM_SOURCES])
+def test_source_url_outside_the_allowed_prefixes_is_refused(tmp_path, configured, url, line):
+    from tasks.core.config import NotAllowed, load_settings
+    from tasks.core.download import SourceNotAllowed
+    from tasks.criteo.ingest import download_day
+    from tasks.criteo.settings import load_criteo_settings
+
+    data = tmp_path / "data"
+    criteo = load_criteo_settings({"RECFLOW_CRITEO_SOURCE": configured} if configured else {})
+    with pytest.raises(SourceNotAllowed) as caught:  # a NotAllowed: the DAG fails the task without retry
+        download_day(load_settings({"RECFLOW_DATA_ROOT": str(data)}), DAY, source=url, criteo=criteo)
+    assert isinstance(caught.value, NotAllowed) and one_line(caught.value) == line
+    _nothing_written(data)
+
+
+def test_connection_outside_the_allowed_ids_is_refused(tmp_path):
+    from tasks.core.config import load_settings
+    from tasks.core.download import ConnectionNotAllowed
+    from tasks.criteo.ingest import download_day
+    from tasks.criteo.settings import load_criteo_settings
+
+    data = tmp_path / "data"
+    criteo = load_criteo_settings({"RECFLOW_CRITEO_SOURCE": "s3://raw-bucket/criteo/day_{day}.gz"})
+    with pytest.raises(ConnectionNotAllowed) as caught:
+        download_day(load_settings({"RECFLOW_DATA_ROOT": str(data)}), DAY, criteo=criteo, aws_conn_id="prod_admin")
+    assert one_line(caught.value) == ("connection 'prod_admin' is not an allowed connection ['aws_default'] "
+                                      "(set RECFLOW_ALLOWED_CONN_IDS to allow more)")
+    _nothing_written(data)
+
+
+def _publish(settings, **kw):
+    from datetime import datetime, timezone
+
+    from tasks.criteo.dlrm import publish
+
+    return publish(settings, "manual__1", datetime(2026, 1, 5, tzinfo=timezone.utc), {"auc": 0.8}, {}, run={},
+                   model_name="criteo_dlrm", registry_conn_id="", **kw)
+
+
+@pytest.mark.parametrize("store", ["/etc/recflow", "s3://another-bucket/models", "link-out/models"],
+                         ids=["another-directory", "another-bucket", "symlink-out-of-the-store"])
+def test_publish_uri_outside_the_allowed_stores_is_refused(tmp_path, store):
+    from tasks.core.config import load_settings
+    from tasks.release.publish import PublishNotAllowed
+
+    data, outside = tmp_path / "data", tmp_path / "outside"
+    (data / "published").mkdir(parents=True)
+    outside.mkdir()
+    (data / "published" / "link-out").symlink_to(outside)  # a link out of an allowed store is followed first
+    store = str(data / "published" / store) if store.startswith("link-out") else store
+    settings = load_settings({"RECFLOW_DATA_ROOT": str(data)})
+    with pytest.raises(PublishNotAllowed) as caught:
+        _publish(settings, store_uri=store)
+    assert one_line(caught.value) == (f"publish store {store} is not under an allowed store "
+                                      f"['{data.resolve() / 'published'}'] (set RECFLOW_PUBLISH_ALLOWED to allow more)")
+    _nothing_written(outside)
+    assert not (data / "registry.db").exists()
+
+
+def test_publish_connection_outside_the_allowed_ids_is_refused(tmp_path):
+    from tasks.core.config import load_settings
+    from tasks.core.download import ConnectionNotAllowed
+
+    settings = load_settings({"RECFLOW_DATA_ROOT": str(tmp_path), "RECFLOW_PUBLISH_URI": "s3://models/published"})
+    with pytest.raises(ConnectionNotAllowed) as caught:
+        _publish(settings, store_uri="s3://models/published/team-a", aws_conn_id="prod_admin")
+    one_line(caught.value, "connection 'prod_admin' is not an allowed connection ['aws_default']",
+             "RECFLOW_ALLOWED_CONN_IDS")
+    _nothing_written(tmp_path)
+
+
+# ---- hostile values in a bad row: what reaches the task log is bounded and escaped ------------------------------
+
+HOSTILE_VALUES = [  # id, value of int_3, how the error line quotes it
+    ("terminal-escapes", b"\x1b[2J\x1b[31mALL ROWS VALID\x1b[0m", r"'\x1b[2J\x1b[31mALL ROWS VALID\x1b[0m'"),
+    ("forged-quote-and-line-separator", "1' ok\u2028day_0: 0 bad rows".encode(), r"'1\' ok\u2028day_0: 0 bad rows'"),
+    ("bidi-override", "12\u202e43".encode(), r"'12\u202e43'"),
+    ("flood", b"9" * 5000, "'" + "9" * 40 + "'… (5000 bytes)"),
+    ("flood-of-escapes", b"\x00" * 5000, "'" + r"\x00" * 10 + "'… (5000 bytes)"),
+]
+
+
+@pytest.mark.parametrize("value, quoted", [c[1:] for c in HOSTILE_VALUES], ids=[c[0] for c in HOSTILE_VALUES])
+def test_hostile_bad_value_is_bounded_and_escaped_in_the_error_line(tmp_path, good_lines, value, quoted):
+    lines = list(good_lines)
+    lines[BAD_LINE - 1] = with_field(lines[BAD_LINE - 1], "int_3", value)
+    column = column_of(lines[BAD_LINE - 1], "int_3")
+    message = validation_failure(tmp_path, b"\n".join(lines) + b"\n", f"day_0: 1 bad rows of {ROWS}",
+                                 f"first: day_0 line {BAD_LINE}, field 5 (int_3), column {column}: {quoted} "
+                                 "not an integer;")
+    assert len(message) < 400 + len(str(tmp_path))
+    report = json.loads((criteo_layout.validated_day(tmp_path, DAY) / "report.json").read_text())
+    assert report["reasons"] == {"int_3: not an integer": 1}  # the value never becomes a reason kind

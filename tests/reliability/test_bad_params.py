@@ -75,6 +75,11 @@ GOOD_PARAMS = [  # controls: the probe accepts what the DAGs accept
     ("day-3", INGEST, "day", 3),
     ("model-name", DLRM, "model_name", "criteo_dlrm-v2.1"),
     ("publish-uri-s3", DLRM, "publish_uri", "s3://recflow-models/published"),
+    # Well-formed, so the form takes them; the deployment's allow-lists refuse them where they are used, on the
+    # task's first try (test_bad_inputs.py: source / publish store / connection outside the allow-lists).
+    ("source-url-any-host", INGEST, "source_url", "https://evil.example/day_0"),
+    ("aws-conn-id-any-connection", INGEST, "aws_conn_id", "prod_admin"),
+    ("publish-uri-any-directory", DLRM, "publish_uri", "/etc/recflow"),
 ]
 
 

@@ -529,6 +529,9 @@ def make_previous() -> str:
     return make_version(PREVIOUS_WHEN, "previous")
 
 
+S3_STORES = "s3://faults"  # the bucket the S3 publish cases use, allowed as a publish store (RECFLOW_PUBLISH_ALLOWED)
+
+
 @pytest.fixture(scope="module")
 def s3_publish(golden, s3_server, tmp_path_factory):
     """The publish step against moto's S3: a bucket holding the previous version, and a clean timed publish."""
@@ -544,13 +547,14 @@ def s3_publish(golden, s3_server, tmp_path_factory):
 
     def prepare(prefix: str) -> str:
         uri = f"s3://faults/{prefix}"
-        publish_model(uri, "criteo_dlrm", make_previous(), files, metrics, {"run_id": "previous"}, s3_client=client)
+        publish_model(uri, "criteo_dlrm", make_previous(), files, metrics, {"run_id": "previous"}, s3_client=client,
+                      allowed_stores=[S3_STORES])
         return uri
 
     clean_root = tmp_path_factory.mktemp("s3clean") / "root"
     shutil.copytree(golden.before["publish"], clean_root, symlinks=True)
     uri = prepare("clean")
-    env = env_for(clean_root, golden.source_template, s3_server.env())
+    env = env_for(clean_root, golden.source_template, s3_server.env() | {"RECFLOW_PUBLISH_ALLOWED": S3_STORES})
     golden.clean["publish_s3"] = run_clean("publish", golden.spec("publish") | {"publish_uri": uri}, env)
     return prepare, client, s3_server
 
@@ -559,7 +563,7 @@ def s3_publish(golden, s3_server, tmp_path_factory):
 def test_publish_to_s3_killed_then_retried(golden, s3_publish, tmp_path, seed):
     prepare, client, server = s3_publish
     root = seed_root(golden, tmp_path, "publish")
-    env = env_for(root, golden.source_template, server.env())
+    env = env_for(root, golden.source_template, server.env() | {"RECFLOW_PUBLISH_ALLOWED": S3_STORES})
 
     current = {}
 

@@ -1,0 +1,297 @@
+"""Score raw Criteo rows with a published criteo_dlrm version: raw TSV rows in, click probabilities out.
+
+  python -m tasks.criteo.predict --model <store>/criteo_dlrm[/versions/<version>] --input day_23 \
+      --output scores.tsv [--limit-rows N] [--bad-row-budget 0.001] [--engine eager|torchscript] \
+      [--metrics-out metrics.json]
+
+A published version is self-contained: the dictionary (value -> id per categorical column, parquet), the
+preprocessing parameters (preprocessing.json), the weights (model.pt) and the TorchScript export (triton/). This
+module turns raw rows into exactly the inputs training saw, with the training pipeline's own semantics
+(spark_jobs/criteo/transform.py): categoricals -> dictionary id, 0 for missing / rare / unseen; numericals ->
+log(x + 3), 0 when missing or x + 3 <= 0, rounded through float16 as split-binary stores them.
+
+Rows are checked with ingest's rules (tasks.criteo.raw_rows): a bad row is skipped and reported with its
+file/line/field/column, and the call fails with one line when bad rows exceed the bad-row budget. Streaming: one
+block of lines (64 MiB) at a time; each block's scores are written before the next is read.
+
+Output: one line per good row, `<line number>\t<label>\t<probability>` (the label as the row gives it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import logging
+import sys
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from tasks.criteo.schema import CAT_COLUMNS, INT_COLUMNS, LABEL
+
+log = logging.getLogger(__name__)
+
+PREPROCESSING_FILE = "preprocessing.json"
+DICTIONARY_PREFIX = "dictionary/values/"
+TORCHSCRIPT_FILE = "triton/dlrm/1/model.pt"
+MODEL_FILE = "model.pt"
+SCORE_BATCH_ROWS = 65536
+
+
+def preprocessing_spec(cardinalities: list[int], frequency_threshold: int, threshold_overrides: dict[str, int],
+                       dictionary_days: list[int]) -> dict[str, Any]:
+    """preprocessing.json: how raw Criteo rows became the model's inputs (published with the model)."""
+    return {
+        "format": "criteo_tsv", "columns": {"label": LABEL, "numerical": list(INT_COLUMNS),
+                                            "categorical": list(CAT_COLUMNS)},
+        "numerical": {"transform": "log(x + 3)", "missing_or_nonpositive": 0.0, "stored_as": "float16"},
+        "categorical": {"id_of_missing_rare_unseen": 0, "ids": "1..n by descending count in the window",
+                        "frequency_threshold": frequency_threshold, "threshold_overrides": threshold_overrides,
+                        "dictionary_days": dictionary_days, "cardinalities": cardinalities},
+    }
+
+
+class NotSelfContained(FileNotFoundError):
+    """A published version without the dictionary / preprocessing needed to score raw rows (published before
+    versions carried them)."""
+
+
+SELF_CONTAINED_FILES = (PREPROCESSING_FILE, MODEL_FILE)
+
+
+def missing_for_scoring(files: list[str]) -> list[str]:
+    """What a version (given its manifest's file names) lacks to score raw rows."""
+    missing = [name for name in SELF_CONTAINED_FILES if name not in files]
+    if not any(name.startswith(DICTIONARY_PREFIX) for name in files):
+        missing.append(DICTIONARY_PREFIX + "*.parquet")
+    return missing
+
+
+def check_self_contained(version_dir: Path) -> None:
+    files = [p.relative_to(version_dir).as_posix() for p in Path(version_dir).rglob("*") if p.is_file()]
+    missing = missing_for_scoring(files)
+    if missing:
+        raise NotSelfContained(f"{version_dir} cannot score raw rows: it has no {', '.join(missing)}")
+
+
+class CriteoFeatures:
+    """Raw rows (the good-rows table of tasks.criteo.raw_rows.check_block) -> model inputs, from a published
+    version's dictionary and preprocessing.json."""
+
+    def __init__(self, version_dir: Path) -> None:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        self.spec = json.loads((version_dir / PREPROCESSING_FILE).read_text())
+        files = sorted((version_dir / DICTIONARY_PREFIX).glob("*.parquet"))
+        if not files:
+            raise FileNotFoundError(f"{version_dir}: no {DICTIONARY_PREFIX}*.parquet: the version is not "
+                                    "self-contained (published before dictionaries were)")
+        table = pa.concat_tables(pq.read_table(f, columns=["column", "value", "id"]) for f in files)
+        frame = table.to_pandas()
+        self.values: list[Any] = []
+        for index, name in enumerate(CAT_COLUMNS):
+            part = frame[frame["column"] == index].sort_values("id")
+            if len(part) and not np.array_equal(part["id"].to_numpy(), np.arange(1, len(part) + 1)):
+                raise ValueError(f"{version_dir}: dictionary ids of {name} are not 1..{len(part)}")
+            self.values.append(pa.array(part["value"].tolist(), type=pa.string()))
+
+    def transform(self, table) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(numerical float32 [n, 13] through float16, categorical int64 [n, 26], label int8 [n])."""
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        n = table.num_rows
+        numerical = np.zeros((n, len(INT_COLUMNS)), dtype=np.float32)
+        for i, name in enumerate(INT_COLUMNS):
+            column = table.column(name)
+            text = pc.if_else(pc.equal(pc.binary_length(column), 0), pa.scalar(None, pa.binary()), column)
+            values = pc.cast(pc.cast(text, pa.string()), pa.int64()).to_numpy(zero_copy_only=False)
+            shifted = values.astype(np.float64) + 3.0  # NaN where missing
+            with np.errstate(invalid="ignore", divide="ignore"):
+                logged = np.where(shifted > 0, np.log(np.where(shifted > 0, shifted, 1.0)), 0.0)
+            numerical[:, i] = np.nan_to_num(logged, nan=0.0).astype(np.float32).astype(np.float16)
+        categorical = np.zeros((n, len(CAT_COLUMNS)), dtype=np.int64)
+        for i, name in enumerate(CAT_COLUMNS):
+            strings = pc.cast(table.column(name), pa.string())
+            index = pc.index_in(strings, value_set=self.values[i])
+            categorical[:, i] = pc.fill_null(pc.add(index, 1), 0).to_numpy(zero_copy_only=False)
+        label = pc.cast(pc.cast(table.column(LABEL), pa.string()), pa.int8()).to_numpy(zero_copy_only=False)
+        return numerical, categorical, label
+
+
+class Scorer:
+    """The published model: eager (model.pt, returns logits) or the TorchScript export (returns probabilities)."""
+
+    def __init__(self, version_dir: Path, engine: str = "eager") -> None:
+        import torch
+
+        torch.set_grad_enabled(False)
+        self.engine = engine
+        if engine == "eager":
+            from models.dlrm.evaluate import load_model_file
+
+            self.model, _ = load_model_file(version_dir / MODEL_FILE)
+        elif engine == "torchscript":
+            from models.dlrm.export import load_serving_model
+
+            self.model = load_serving_model(version_dir / TORCHSCRIPT_FILE)
+        else:
+            raise ValueError(f"unknown engine {engine!r}: expected eager or torchscript")
+
+    def logits_and_probabilities(self, numerical: np.ndarray, categorical: np.ndarray
+                                 ) -> tuple[np.ndarray, np.ndarray]:
+        import torch
+
+        logits, probabilities = [], []
+        for start in range(0, len(numerical), SCORE_BATCH_ROWS):
+            x = torch.from_numpy(numerical[start:start + SCORE_BATCH_ROWS])
+            c = torch.from_numpy(categorical[start:start + SCORE_BATCH_ROWS])
+            out = self.model(x, c)
+            if self.engine == "eager":
+                logits.append(out.float().numpy())
+                probabilities.append(torch.sigmoid(out).float().numpy())
+            else:
+                p = out.squeeze(1).float()
+                probabilities.append(p.numpy())
+                logits.append(torch.logit(p.double(), eps=1e-12).float().numpy())
+        if not logits:
+            return np.zeros(0, np.float32), np.zeros(0, np.float32)
+        return np.concatenate(logits), np.concatenate(probabilities)
+
+
+@dataclass
+class PredictResult:
+    input: str
+    rows: int                       # lines read
+    scored: int                     # good rows scored
+    bad: int
+    first_bad: list[str] = field(default_factory=list)
+    metrics: dict[str, float] | None = None   # auc, logloss over the scored rows (when asked for)
+
+
+def iter_scored_blocks(version_dir: Path, raw: Path, *, engine: str = "eager", limit_rows: int | None = None,
+                       block_bytes: int = 64 << 20, bad_rows: list | None = None
+                       ) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]]:
+    """(line numbers, labels, logits, probabilities) per block of good rows, in file order; bad rows are appended
+    to `bad_rows` (tasks.criteo.raw_rows.BadRow). Stops after `limit_rows` good rows."""
+    from tasks.criteo.raw_rows import check_block, iter_line_blocks
+
+    check_self_contained(version_dir)
+    features, scorer = CriteoFeatures(version_dir), Scorer(version_dir, engine)
+    left = limit_rows
+    for first_line, block, skipped in iter_line_blocks(raw, block_bytes):
+        if bad_rows is not None:
+            bad_rows.extend(skipped)
+        checked = check_block(block, first_line, keep_good=True)
+        bad_lines = {b.line for b in checked.bad_rows}
+        if bad_rows is not None:
+            bad_rows.extend(checked.bad_rows)
+        if checked.good_rows is None or checked.good_rows.num_rows == 0:
+            continue
+        table = checked.good_rows
+        lines = np.array([line for line in range(first_line, first_line + checked.lines) if line not in bad_lines],
+                         dtype=np.int64)
+        if left is not None:
+            table, lines = table.slice(0, left), lines[:left]
+            left -= table.num_rows
+        numerical, categorical, label = features.transform(table)
+        logits, probabilities = scorer.logits_and_probabilities(numerical, categorical)
+        yield lines, label, logits, probabilities
+        if left is not None and left <= 0:
+            return
+
+
+def predict_file(version_dir: Path, raw: Path, output: Path | None = None, *, engine: str = "eager",
+                 limit_rows: int | None = None, bad_row_budget: float = 0.001, with_metrics: bool = False,
+                 block_bytes: int = 64 << 20) -> PredictResult:
+    """Score the good rows of a raw Criteo file (see the module docstring); write them to `output` if given."""
+    from models.common.metrics import StreamingPredictions
+    from tasks.core.storage import atomic_file
+    from tasks.criteo.raw_validation import DataQualityError
+
+    bad: list = []
+    metrics = StreamingPredictions() if with_metrics else None
+    scored = last_line = 0
+    with contextlib.ExitStack() as stack:  # the output appears only complete, and only when within budget
+        out = stack.enter_context(atomic_file(Path(output), "w")) if output is not None else None
+        for lines, label, logits, probabilities in iter_scored_blocks(
+                version_dir, raw, engine=engine, limit_rows=limit_rows, block_bytes=block_bytes, bad_rows=bad):
+            scored += len(lines)
+            last_line = int(lines[-1])
+            if metrics is not None:
+                metrics.add(label, logits)
+            if out is not None:
+                out.writelines(f"{line}\t{y}\t{p:.8g}\n" for line, y, p in zip(lines, label, probabilities))
+        seen_bad = [b for b in bad if limit_rows is None or b.line <= last_line]
+        total = scored + len(seen_bad)
+        if total == 0:
+            raise DataQualityError(f"{raw}: no rows to score")
+        if len(seen_bad) > bad_row_budget * total:
+            raise DataQualityError(f"{raw.name}: {len(seen_bad)} bad rows of {total} "
+                                   f"({100 * len(seen_bad) / total:.3f}% > budget {100 * bad_row_budget:.3f}%); "
+                                   f"first: {raw.name} {seen_bad[0].describe()}; nothing scored")
+    result = PredictResult(str(raw), total, scored, len(seen_bad), [f"{raw.name} {b.describe()}" for b in seen_bad[:5]])
+    if metrics is not None:
+        computed = metrics.compute()
+        result.metrics = {"auc": computed["auc"], "logloss": computed["logloss"], "rows": computed["rows"]}
+    log.info("scored %d rows of %s (%d bad rows skipped)%s", scored, raw, len(seen_bad),
+             f": auc {result.metrics['auc']:.4f}, logloss {result.metrics['logloss']:.4f}" if result.metrics else "")
+    return result
+
+
+def fetch_model(model_uri: str, cache_dir: Path, s3_client: Any = None) -> Path:
+    """A published version (its URI, or a model's URI for the latest version) as a verified local directory."""
+    from tasks.release.publish import fetch_published_version, latest_version, parse_model_uri
+
+    store, model, version = parse_model_uri(model_uri)
+    if version is None:
+        latest = latest_version(store, model, s3_client)
+        if latest is None:
+            raise FileNotFoundError(f"no version of {model} is published in {store}")
+        version = latest["version"]
+    return fetch_published_version(store, model, version, Path(cache_dir) / model / version, s3_client)
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    model = parser.add_mutually_exclusive_group(required=True)
+    model.add_argument("--model", help="<store>/<model>/versions/<version>, or <store>/<model> for the latest version")
+    model.add_argument("--model-dir", type=Path, help="a published version already fetched to a local directory")
+    parser.add_argument("--input", type=Path, required=True, help="raw Criteo TSV (day_N format)")
+    parser.add_argument("--output", type=Path, help="scores: <line>\\t<label>\\t<probability> per good row")
+    parser.add_argument("--metrics-out", type=Path, help="also compute AUC / logloss against the rows' labels")
+    parser.add_argument("--limit-rows", type=int, help="score only the first N good rows")
+    parser.add_argument("--bad-row-budget", type=float, default=0.001)
+    parser.add_argument("--engine", choices=("eager", "torchscript"), default="eager")
+    parser.add_argument("--cache-dir", type=Path, help="where published versions are fetched (default: beside "
+                                                         "the output, in .models/)")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> PredictResult:
+    args = parse_args(argv)
+    logging.basicConfig(level=logging.INFO, stream=sys.stdout, format="%(asctime)s %(levelname)s %(message)s")
+    cache = args.cache_dir or (args.output or args.metrics_out or Path("scores")).resolve().parent / ".models"
+    version_dir = args.model_dir or fetch_model(args.model, cache)
+    result = predict_file(version_dir, args.input, args.output, engine=args.engine, limit_rows=args.limit_rows,
+                          bad_row_budget=args.bad_row_budget, with_metrics=args.metrics_out is not None)
+    if args.metrics_out:
+        from tasks.core.storage import write_text_atomic
+
+        write_text_atomic(args.metrics_out, json.dumps(asdict(result), indent=2, sort_keys=True))
+    return result
+
+
+if __name__ == "__main__":
+    from tasks.core.process import ERROR_MARKER
+
+    try:
+        main()
+    except Exception as exc:  # one line for the task log / the shell, as every recflow entry point
+        print(f"{ERROR_MARKER} {type(exc).__name__}: {exc}", flush=True)
+        sys.exit(1)
