@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 AIRFLOW_ENV := source scripts/airflow_env.sh
 PYTEST_ARGS ?=
 
-.PHONY: venv test test-fast demo bench airflow airflow-init lock clean
+.PHONY: venv test test-fast browser-deps demo bench airflow airflow-init lock clean
 
 venv: $(STAMP)
 
@@ -21,12 +21,30 @@ $(STAMP): requirements.txt pyproject.toml
 	$(PY) -m pip check
 	@touch $(STAMP)
 
-# Every tier that runs on a CPU machine: unit, spark, dag integrity, e2e (dag.test), integration, reliability.
-test: venv
+# Every tier that runs on a CPU machine: unit, spark, dag integrity, e2e (dag.test), integration, reliability,
+# browser (the Airflow UI in Chromium; browser-deps installs its tools).
+test: venv browser-deps
 	$(AIRFLOW_ENV) && $(PY) -m pytest -m "not gpu" $(PYTEST_ARGS)
 
 test-fast: venv
-	$(AIRFLOW_ENV) && $(PY) -m pytest -m "not gpu and not e2e and not integration and not slow" $(PYTEST_ARGS)
+	$(AIRFLOW_ENV) && $(PY) -m pytest -m "not gpu and not e2e and not integration and not slow and not browser" $(PYTEST_ARGS)
+
+# The browser tier's tools (tests/browser, marker `browser`): Debian's chromium from apt (no browser is ever
+# downloaded) and playwright-core, pinned by package-lock.json, in ./node_modules. Node.js >= 20 with npm is a
+# system requirement, like Python 3.11 and Java 17. apt runs as root, or through sudo.
+SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
+NODE_STAMP := node_modules/.recflow-installed
+
+browser-deps: $(NODE_STAMP)
+	@command -v chromium >/dev/null 2>&1 || { echo "browser-deps: installing Debian's chromium (apt)"; \
+	  $(SUDO) apt-get update -q && $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium; }
+	@chromium --version 2>/dev/null | grep -q '^Chromium' || { echo "browser-deps: chromium does not start"; exit 1; }
+
+$(NODE_STAMP): package.json package-lock.json
+	@node -e 'process.exit(+process.versions.node.split(".")[0] >= 20 ? 0 : 1)' 2>/dev/null && command -v npm >/dev/null \
+	  || { echo "browser-deps: Node.js >= 20 and npm are needed (playwright-core); install them first"; exit 1; }
+	npm ci --no-audit --no-fund --loglevel=error
+	@touch $@
 
 # Benchmarks (quick mode < 10 min; BENCH_ARGS=--full for bigger runs): bench/results/*.json + docs/PERFORMANCE.md
 bench: venv airflow-init

@@ -1,0 +1,53 @@
+// Enter bad values into a DAG's trigger dialog, one case at a time (the page is reloaded between cases), and
+// report how the form answers each: the field's value after it loses focus, the fields in error (with their
+// messages), whether Trigger is enabled, and, for a case with submit=true, what the api-server answered and the
+// alert the dialog then shows. A screenshot of the dialog per case.
+// Args (besides lib.mjs's): dag_id, params (every param name), cases: [{param, value (typed as text), submit, shot}],
+// settle_ms (how long the form is given to mark a field before the case counts as "nothing shown").
+import { args, dialogProblems, openTriggerDialog, pollUntil, scenario, screenshotDialog } from './lib.mjs';
+
+const UNPAUSE = /^Unpause .* on trigger$/;
+
+async function tryCase(page, c) {
+  const dialog = await openTriggerDialog(page, args.dag_id, args.params);
+  const unpause = dialog.getByRole('checkbox', { name: UNPAUSE });
+  if ((await unpause.count()) && (await unpause.isChecked())) {
+    await dialog.getByText(UNPAUSE).click();  // a refused trigger must not unpause the DAG either
+    await pollUntil(async () => !(await unpause.isChecked()));
+  }
+  const field = dialog.locator(`[name="element_${c.param}"]`);
+  await field.fill(String(c.value));
+  await field.press('Tab');  // leave the field, as a user moving on would
+  const result = { param: c.param, value: c.value, value_after_blur: await field.inputValue() };
+  // The form validates on change: wait until it marks the field or disables Trigger. Where it neither changed the
+  // value nor is about to submit it, give it settle_ms to show something (absence cannot be waited for otherwise).
+  let problems = await dialogProblems(dialog);
+  const answered = (p) => !p.submit_enabled || p.fields.some((f) => f.name === c.param);
+  if (!answered(problems) && !c.submit && result.value_after_blur === String(c.value)) {
+    await pollUntil(async () => answered((problems = await dialogProblems(dialog))), args.settle_ms ?? 5000);
+  }
+  result.problems = problems;
+  if (c.submit && problems.submit_enabled) {
+    const posted = page.waitForResponse((r) => r.request().method() === 'POST'
+      && new URL(r.url()).pathname === `/api/v2/dags/${args.dag_id}/dagRuns`);
+    await dialog.getByTestId('trigger-dag-submit').click();
+    const response = await posted;
+    result.status = response.status();
+    result.sent = JSON.parse(response.request().postData() ?? 'null');
+    if (!response.ok()) {
+      await dialog.getByTestId('error-alert').waitFor();
+      result.problems = await dialogProblems(dialog);
+    }
+  }
+  result.screenshot = await screenshotDialog(page, dialog, c.shot);
+  return result;
+}
+
+await scenario(`bad-values-${args.dag_id}`, async (page) => {
+  const cases = [];
+  for (const c of args.cases) {
+    const started = Date.now();
+    cases.push({ ...(await tryCase(page, c)), seconds: (Date.now() - started) / 1000 });
+  }
+  return { cases };
+});
