@@ -23,10 +23,9 @@ from __future__ import annotations
 
 import os
 
-from airflow.sdk import AssetOrTimeSchedule, CronTriggerTimetable, Param, dag, task
+from airflow.sdk import CronTriggerTimetable, Param, dag, task
 
 from tasks.core.config import load_settings
-from tasks.criteo.dagkit import CRITEO_DAY_STATS
 from tasks.criteo.profiles import KNOBS, PROFILES
 from tasks.dagkit import DEFAULT_ARGS, SPARK_TASK, TRAIN_TASK, knob_params, profile_param, spark_master
 
@@ -41,10 +40,9 @@ def record_failure(context) -> None:
 
 @dag(
     dag_id="criteo_dlrm",
-    schedule=AssetOrTimeSchedule(
-        timetable=CronTriggerTimetable(os.environ.get("RECFLOW_RETRAIN_CRON", "0 6 * * 1"), timezone="UTC"),
-        assets=CRITEO_DAY_STATS,
-    ),
+    # Retrains are started by criteo_ingest's retrain gate once a complete new window has landed; the cron is a
+    # safety net that trains the newest complete window only if it is newer than the last trained one.
+    schedule=CronTriggerTimetable(os.environ.get("RECFLOW_RETRAIN_CRON", "0 6 * * 1"), timezone="UTC"),
     catchup=False,
     max_active_runs=1,
     default_args=DEFAULT_ARGS,
@@ -58,9 +56,13 @@ def record_failure(context) -> None:
         "test_day": Param(None, type=["null", "integer"], minimum=0, maximum=10_000, title="Test day",
                           description="Day held out: first half = test, second half = validation (file order). "
                                       "Empty = the newest ingested day."),
+        "reason": Param(None, type=["null", "string"], maxLength=2000, title="Why this run",
+                        description="Set by criteo_ingest's retrain gate (which window landed, and why it is new). "
+                                    "Leave empty when triggering by hand."),
         "nproc": Param(None, type=["null", "integer"], minimum=1, maximum=64, title="Training processes",
                        description="torchrun --nproc_per_node. Empty = the deployment's RECFLOW_TRAIN_NPROC (1)."),
         "device": Param(None, type=["null", "string"], enum=[None, "cpu", "cuda", "auto"], title="Device",
+                        values_display={"None": "(the deployment's RECFLOW_TRAIN_DEVICE)"},
                         description="Training device. Empty = the deployment's RECFLOW_TRAIN_DEVICE (auto)."),
         **knob_params(KNOBS, PROFILES),
         "model_name": Param("criteo_dlrm", type="string", pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$",
@@ -75,12 +77,13 @@ def record_failure(context) -> None:
     },
 )
 def criteo_dlrm():
-    @task
-    def resolve_run(**context) -> dict:
+    @task.short_circuit
+    def resolve_run(**context) -> dict | None:
         from tasks.criteo.dlrm import resolve_run as resolve
         from tasks.dagkit import fail_without_retry
 
-        return fail_without_retry(ValueError)(resolve)(load_settings(), dict(context["params"]))
+        run_type = str(getattr(context["dag_run"].run_type, "value", context["dag_run"].run_type))
+        return fail_without_retry(ValueError)(resolve)(load_settings(), dict(context["params"]), run_type)
 
     @task(**SPARK_TASK)
     def build_dictionary(run: dict, **context) -> dict:

@@ -16,8 +16,10 @@ from airflow.sdk import CronDataIntervalTimetable, Param, dag, task
 
 from tasks.core.config import load_settings
 from tasks.criteo.dagkit import CRITEO_DAY_STATS, criteo_day
+from tasks.criteo.retrain import TRAIN_DAG, decide_retrain
 from tasks.criteo.settings import load_criteo_settings
 from tasks.dagkit import DEFAULT_ARGS, SPARK_TASK, fail_without_retry, spark_master
+from tasks.dagkit.retrain import TriggerWhenReady
 
 
 @dag(
@@ -81,7 +83,10 @@ def criteo_ingest():
                                                             "path": result["path"]}
         return result
 
-    day_stats(validate_raw(download()))
+    # The last ingest run to finish (a teardown runs whatever happened upstream) starts criteo_dlrm on the newest
+    # complete window, once per window: a backfill of N days gives one retrain (tasks/criteo/retrain.py).
+    stats = day_stats(validate_raw(download()))
+    stats >> TriggerWhenReady(task_id="retrain_gate", trigger_dag_id=TRAIN_DAG, decide=decide_retrain).as_teardown()
 
 
 criteo_ingest()

@@ -117,7 +117,7 @@ def test_every_param_left_empty_is_nullable_so_the_form_can_trigger(parsed):
 
 def test_criteo_ingest_wiring(parsed):
     dag = parsed["dags"]["criteo_ingest"]
-    assert list(dag["tasks"]) == ["download", "validate_raw", "day_stats"]
+    assert list(dag["tasks"]) == ["download", "validate_raw", "day_stats", "retrain_gate"]
 
 
 def test_criteo_dlrm_marks_a_registered_run_failed_when_gate_or_publish_fails(parsed):

@@ -44,6 +44,12 @@ SELECT id, pipeline, model_name, run_id, dataset, data_window, config_hash, metr
 FROM training_runs
 WHERE pipeline = :pipeline AND run_id = :run_id;
 
+-- name: runs_of_pipeline
+SELECT run_id, data_window, status, created_at
+FROM training_runs
+WHERE pipeline = :pipeline
+ORDER BY id;
+
 -- metrics and artifact_uri keep their stored value when the caller passes NULL.
 -- name: set_run_status
 UPDATE training_runs

@@ -13,9 +13,11 @@ CRITEO_DAY_STATS = Asset(name="criteo_day_stats", uri="recflow://criteo/day_stat
 
 
 def criteo_day(context: dict[str, Any], criteo: CriteoSettings | None = None) -> int:
-    """The run's Criteo day: the `day` param if set, else the logical date's offset from the epoch."""
+    """The run's Criteo day: the `day` param if set, else the start of the run's data interval (the day that just
+    ended: a scheduled or backfill run's own day, and for a manual trigger the last complete day, not today's
+    unfinished one), as an offset from the epoch."""
     day = context["params"].get("day")
     if day is not None:
         return int(day)
-    logical = context.get("logical_date") or context.get("dag_run").run_after
-    return criteo_day_index(logical.date(), (criteo or load_criteo_settings()).epoch)
+    start = context.get("data_interval_start") or context.get("logical_date") or context.get("dag_run").run_after
+    return criteo_day_index(start.date(), (criteo or load_criteo_settings()).epoch)

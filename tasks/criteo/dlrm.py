@@ -72,21 +72,26 @@ def resolve_window(settings: Settings, train_days: str, test_day: int | None, wi
     return {"train_days": days, "test_day": test_day}
 
 
-def resolve_run(settings: Settings, params: dict[str, Any]) -> dict[str, Any]:
-    """What this run trains on and with: the window (resolve_window), the profile and every knob's value (the
+def resolve_run(settings: Settings, params: dict[str, Any], run_type: str = "manual") -> dict[str, Any] | None:
+    """What this run trains on and with, or None when there is nothing new to train (the DAG then skips every
+    later task): the window and why (tasks.criteo.retrain.plan_run), the profile and every knob's value (the
     profile's, overridden by the params that are set), and the device / process count (params, else the
     deployment's RECFLOW_TRAIN_DEVICE / RECFLOW_TRAIN_NPROC). Returned to XCom so every later step uses the same."""
     from tasks.core.profiles import resolve_knobs
     from tasks.criteo.profiles import KNOBS, PROFILES
+    from tasks.criteo.retrain import plan_run
 
     profile = params.get("profile") or settings.profile
     knobs = resolve_knobs(KNOBS, PROFILES, profile, params)
     model_config(knobs, device="cpu")  # refuse bad MLP sizes before any Spark work
-    window = resolve_window(settings, params.get("train_days") or "", params.get("test_day"), knobs["window_days"])
+    window, why = plan_run(settings, params, knobs["window_days"], run_type)
+    log.info("window: %s (%s)", window, why)
+    if window is None:
+        return None
     nproc = int(params.get("nproc") or settings.train_nproc)
     device = params.get("device") or settings.train_device
     log.info("profile %s on %s x %d: %s", profile, device, nproc, ", ".join(f"{k}={v}" for k, v in knobs.items()))
-    return {**window, "profile": profile, "knobs": knobs, "nproc": nproc, "device": device}
+    return {**window, "why": why, "profile": profile, "knobs": knobs, "nproc": nproc, "device": device}
 
 
 def mlp_sizes(text: str) -> list[int]:

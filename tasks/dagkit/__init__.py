@@ -84,6 +84,7 @@ def knob_params(knobs: Mapping[str, Knob], profiles: Mapping[str, Mapping[str, A
         schema["type"] = ["null", schema["type"]]
         if "enum" in schema:
             schema["enum"] = [None, *schema["enum"]]
+            schema["values_display"] = {"None": "(the profile's value)"}  # the UI would show the word "null"
         by_profile = ", ".join(f"{profile}: {_shown(values[name])}" for profile, values in profiles.items())
         params[name] = Param(None, **schema, title=knob.title or name,
                              description=f"{knob.description} Empty = the profile's value ({by_profile}).")
@@ -94,5 +95,6 @@ def profile_param(profiles: Mapping[str, Mapping[str, Any]]) -> Any:
     from airflow.sdk import Param
 
     return Param(None, type=["null", "string"], enum=[None, *profiles], title="Profile",
+                 values_display={"None": "(the deployment's RECFLOW_PROFILE)"},
                  description="Named set of knob values: " + ", ".join(profiles) + ". Empty = the deployment's "
                              "RECFLOW_PROFILE (default full); single knobs below override it.")

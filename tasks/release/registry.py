@@ -345,6 +345,12 @@ class Registry:
         raise RegistryError(f"could not move {where} to {version!r} after {_PROMOTE_ATTEMPTS} attempts: "
                             "too many concurrent publishers")
 
+    def windows(self, pipeline: str, statuses: Sequence[str]) -> list[dict]:
+        """The data windows of a pipeline's runs in the given statuses (oldest first), e.g. what was trained."""
+        with self._begin(f"reading the runs of pipeline {pipeline!r}") as conn:
+            rows = self._run(conn, "runs_of_pipeline", pipeline=pipeline).mappings().all()
+        return [json.loads(row["data_window"]) for row in rows if row["status"] in statuses]
+
     def version(self, model_name: str, version: str) -> dict | None:
         """{'model_name', 'version', 'run_id', 'artifact_uri', 'metrics', 'published_at'} of a recorded version."""
         with self._begin(f"reading {model_name!r} version {version!r}") as conn:

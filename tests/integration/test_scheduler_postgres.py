@@ -41,7 +41,7 @@ TINY_MODEL = {"profile": "demo", "bottom_mlp": "32,16", "top_mlp": "64,32,1", "b
               "warmup_steps": 5, "decay_start_step": 30, "decay_steps": 20, "checkpoint_every_steps": 10,
               "log_every_steps": 5, "frequency_threshold": 2, "min_auc": 0.60}
 BAD_DAY = 5  # a day whose rows break the contract beyond the budget
-BACKFILL_WINDOW = ("--dag-id", INGEST, "--from-date", "2026-01-01", "--to-date", "2026-01-03")  # days 0..2
+BACKFILL_WINDOW = ("--dag-id", INGEST, "--from-date", "2026-01-01", "--to-date", "2026-01-04")  # days 0..3
 TERMINAL_TI = {"success", "failed", "skipped", "upstream_failed", "removed"}
 
 
@@ -50,7 +50,7 @@ def cluster(tmp_path_factory) -> Iterator[AirflowCluster]:
     work = tmp_path_factory.mktemp("airflow_it")
     data, source = work / "data", work / "data" / "source"
     generator = CriteoDayGenerator(seed=11)
-    for day in range(3):
+    for day in range(4):
         write_criteo_day(source / f"day_{day}", day, ROWS, generator=generator)
     env = {"RECFLOW_DATA_ROOT": str(data), "RECFLOW_CRITEO_SOURCE": source.as_uri() + "/day_{day}",
            "RECFLOW_RETRY_DELAY_S": "1",
@@ -225,13 +225,13 @@ def _backfill_runs(cluster: AirflowCluster, api: AirflowApi) -> list[dict]:
     return sorted(runs, key=lambda r: r["logical_date"])
 
 
-def test_backfill_three_days(cluster, api, shared):
+def test_backfill_four_days(cluster, api, shared):
     cluster.airflow("backfill", "create", *BACKFILL_WINDOW)
     shared["backfill"] = _wait_for_backfill(cluster, api, 1)
     runs = _backfill_runs(cluster, api)
-    assert [r["logical_date"][:10] for r in runs] == ["2026-01-01", "2026-01-02", "2026-01-03"]
+    assert [r["logical_date"][:10] for r in runs] == ["2026-01-01", "2026-01-02", "2026-01-03", "2026-01-04"]
     root = data_root(cluster)
-    for day in range(3):
+    for day in range(4):
         assert read_manifest(criteo_layout.validated_day(root, day))["rows"]["good"] == ROWS
         assert read_manifest(criteo_layout.stats_day(root, day))["rows"]["good"] == ROWS
     # Day 0 was ingested by the manual run: the backfill's day 0 found every output in place.
@@ -251,7 +251,8 @@ def test_rerunning_the_backfill_is_cheap(cluster, api, shared):
     rerun_seconds = []
     for run in rerun:
         tis = {ti["task_id"]: ti for ti in api.task_instances(INGEST, run["dag_run_id"])}
-        assert {t: ti["try_number"] for t, ti in tis.items()} == {"download": 2, "validate_raw": 2, "day_stats": 2}
+        assert {t: ti["try_number"] for t, ti in tis.items()} == {"download": 2, "validate_raw": 2, "day_stats": 2,
+                                                                  "retrain_gate": 2}
         assert "[cached]" in api.task_log(INGEST, run["dag_run_id"], "download", 2)
         for task_id in ("validate_raw", "day_stats"):
             assert "nothing to do" in api.task_log(INGEST, run["dag_run_id"], task_id, 2)
@@ -286,36 +287,32 @@ def _ti_state(api: AirflowApi, run_id: str, task_id: str) -> str | None:
     return {ti["task_id"]: ti["state"] for ti in api.task_instances(DLRM, run_id)}.get(task_id)
 
 
-def test_new_day_event_creates_an_asset_triggered_retraining_run(cluster, api, shared):
+def test_the_four_day_backfill_started_exactly_one_retrain_on_the_complete_window(cluster, api, shared):
+    # Every criteo_ingest run ends with retrain_gate; the last one to finish (nothing else in flight) triggered
+    # criteo_dlrm on the newest complete window (demo profile: 2 train days), and every other gate (the backfill's
+    # other days, its re-run, the failed scheduled day) skipped or found the run already there.
+    runs = api.runs(DLRM)
+    assert [r["dag_run_id"] for r in runs] == ["retrain__test_3__train_1-2"], runs
+    run = runs[0]
+    assert run["conf"]["train_days"] == "1-2" and run["conf"]["test_day"] == 3
+    assert "days 1-2 + test day 3 have all landed" in run["conf"]["reason"]
+    assert run["note"].startswith("Retrain on days 1-2, test day 3. Why: criteo_ingest run ")
+    gates = [api.task_log(INGEST, run_id, "retrain_gate", 1) for run_id in shared["backfill_run_ids"]]
+    assert sum("triggering criteo_dlrm run retrain__test_3__train_1-2" in log for log in gates) <= 1
+    assert any("still in flight; the last run to finish decides" in log for log in gates), gates
+    # The training DAG was paused: its run waited. Unpaused, it starts on that window with the deployment's profile
+    # (RECFLOW_PROFILE=demo in this cluster) on its RECFLOW_TRAIN_DEVICE / RECFLOW_TRAIN_NPROC.
     api.set_paused(DLRM, False)
-    # Asset events only queue DAGs that are unpaused when the event lands: re-announce day 2 (every step cached).
-    announce = api.trigger(INGEST, {"day": 2})
-    wait_for_run(cluster, api, INGEST, announce["dag_run_id"], timeout=180)
-
-    def asset_run() -> dict | None:
-        runs = api.runs(DLRM, run_type="asset_triggered")
-        return runs[0] if runs else None
-
-    run = cluster.wait_until(asset_run, 90, "the scheduler to create an asset-triggered criteo_dlrm run")
     run_id = shared["asset_run_id"] = run["dag_run_id"]
-    assert run["state"] in ("queued", "running", "success")
-    # The first asset-triggered run consumes every criteo_day_stats event so far (those from while the DAG was
-    # paused too); the newest is the one that queued it.
-    events = sorted(api.upstream_asset_events(DLRM, run_id), key=lambda e: e["id"])
-    assert events[-1]["source_run_id"] == announce["dag_run_id"] and events[-1]["extra"]["day"] == 2
-    assert {e["extra"]["day"] for e in events} == {0, 1, 2}
-    # No conf on an asset-triggered run: the window comes from the data (newest day = test day, window_days=2).
-    # The deployment's profile (RECFLOW_PROFILE=demo in this cluster) gives the knobs, the device and process count
-    # come from its RECFLOW_TRAIN_DEVICE / RECFLOW_TRAIN_NPROC.
     cluster.wait_until(lambda: _ti_state(api, run_id, "resolve_run") == "success", 180, "resolve_run")
     resolved = api.xcom(DLRM, run_id, "resolve_run")
     assert {k: resolved[k] for k in ("train_days", "test_day", "profile", "nproc", "device")} == {
-        "train_days": [0, 1], "test_day": 2, "profile": "demo", "nproc": 1, "device": "cpu"}
-    assert resolved["knobs"]["batch_size"] == 4096 and resolved["knobs"]["window_days"] == 2
+        "train_days": [1, 2], "test_day": 3, "profile": "demo", "nproc": 1, "device": "cpu"}
+    assert resolved["knobs"]["batch_size"] == 4096 and resolved["why"] == run["conf"]["reason"]
 
 
 def test_marking_a_run_failed_stops_its_spark_job(cluster, api, shared):
-    # The asset-triggered run would go on to train the NVIDIA-sized default model (the tiny-conf run below
+    # The retrain run would go on to train the NVIDIA-sized default model (the tiny-conf run below
     # covers training). Stop it as an operator would, mid Spark job: the job must die with its task, not run on
     # as an orphan and finish its output for a run that has failed.
     run_id = shared["asset_run_id"]
