@@ -41,16 +41,22 @@ def test_newest_complete_window_skips_days_beyond_a_hole():
 
 
 class FakeTi:
-    def __init__(self, in_flight: int) -> None:
-        self.in_flight, self.asked = in_flight, None
+    """The two execution-API counts the gate asks for (RuntimeTaskInstance.get_dr_count / get_ti_count)."""
+
+    def __init__(self, in_flight: int, active_runs: int) -> None:
+        self.in_flight, self.active_runs, self.asked = in_flight, active_runs, None
+
+    def get_dr_count(self, dag_id: str, states: list[str]) -> int:
+        assert dag_id == "criteo_ingest" and set(states) == {"queued", "running"}
+        return self.active_runs
 
     def get_ti_count(self, **kwargs) -> int:
         self.asked = kwargs
         return self.in_flight
 
 
-def context(in_flight: int = 0) -> dict:
-    return {"ti": FakeTi(in_flight), "dag_run": SimpleNamespace(run_id="backfill__2026-01-04")}
+def context(in_flight: int = 0, active_runs: int = 1) -> dict:
+    return {"ti": FakeTi(in_flight, active_runs), "dag_run": SimpleNamespace(run_id="backfill__2026-01-04")}
 
 
 @pytest.fixture
@@ -62,11 +68,12 @@ def deployment(tmp_path, monkeypatch) -> Settings:
 
 def test_the_last_ingest_run_to_finish_triggers_one_retrain_on_the_newest_window(deployment):
     land(deployment.data_root, 0, 1, 2, 3)
-    busy = context(in_flight=2)
+    busy = context(in_flight=2, active_runs=3)
     assert decide_retrain(busy) == ("no retrain yet: 2 criteo_ingest day(s) still in flight; the last run to "
                                     "finish decides")
     assert busy["ti"].asked["dag_id"] == "criteo_ingest" and busy["ti"].asked["task_ids"] == ["day_stats"]
-    decision = decide_retrain(context())
+    # The last active run decides even if a day_stats of a run no longer active was left unfinished.
+    decision = decide_retrain(context(in_flight=1, active_runs=1))
     assert isinstance(decision, TriggerDecision)
     assert decision.run_id == "retrain__test_3__train_1-2" == retrain_run_id({"train_days": [1, 2], "test_day": 3})
     assert decision.conf["train_days"] == "1-2" and decision.conf["test_day"] == 3

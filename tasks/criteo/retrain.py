@@ -74,7 +74,13 @@ def decide_retrain(context: dict[str, Any]):
     from tasks.criteo.profiles import PROFILES
     from tasks.dagkit.retrain import UNFINISHED_TI_STATES, TriggerDecision
 
-    in_flight = context["ti"].get_ti_count(dag_id=INGEST_DAG, task_ids=["day_stats"], states=UNFINISHED_TI_STATES)
+    ti = context["ti"]
+    # Only this run active: it is the last to finish and decides (a day_stats task left unfinished in a run that is
+    # no longer active cannot block every gate). Otherwise any unfinished day_stats means "not yet"; of several
+    # runs finishing together the first decides and the others find its run id taken.
+    active = ti.get_dr_count(dag_id=INGEST_DAG, states=["queued", "running"])
+    in_flight = 0 if active <= 1 else ti.get_ti_count(dag_id=INGEST_DAG, task_ids=["day_stats"],
+                                                      states=UNFINISHED_TI_STATES)
     if in_flight:
         return f"no retrain yet: {in_flight} {INGEST_DAG} day(s) still in flight; the last run to finish decides"
     settings = load_settings()
