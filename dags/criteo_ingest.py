@@ -35,7 +35,9 @@ from tasks.dagkit.retrain import TriggerWhenReady
     doc_md=__doc__,
     params={
         "day": Param(None, type=["null", "integer"], minimum=0, maximum=10_000, title="Criteo day",
-                     description="Day index to ingest; empty = derived from the logical date."),
+                     description="Day index to ingest. Empty = the logical date's day: for a trigger from this "
+                                 "form that is the date above (today by default, whose file is not complete "
+                                 "yet), so set the day or pick yesterday's date."),
         "source_url": Param(None, type=["null", "string"], maxLength=2048, pattern=r"^(file|https?|s3)://[^\s;|&$`]+$",
                             title="Source URL",
                             description="Overrides the configured source template for this run (file://, "

@@ -13,11 +13,10 @@ CRITEO_DAY_STATS = Asset(name="criteo_day_stats", uri="recflow://criteo/day_stat
 
 
 def criteo_day(context: dict[str, Any], criteo: CriteoSettings | None = None) -> int:
-    """The run's Criteo day: the `day` param if set, else the start of the run's data interval (the day that just
-    ended: a scheduled or backfill run's own day, and for a manual trigger the last complete day, not today's
-    unfinished one), as an offset from the epoch."""
+    """The run's Criteo day: the `day` param if set, else the logical date's offset from the epoch (a scheduled or
+    backfill run's logical date is the day that just ended; a manual trigger's is the date picked in the form)."""
     day = context["params"].get("day")
     if day is not None:
         return int(day)
-    start = context.get("data_interval_start") or context.get("logical_date") or context.get("dag_run").run_after
-    return criteo_day_index(start.date(), (criteo or load_criteo_settings()).epoch)
+    logical = context.get("logical_date") or context.get("dag_run").run_after
+    return criteo_day_index(logical.date(), (criteo or load_criteo_settings()).epoch)
