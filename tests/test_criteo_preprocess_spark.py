@@ -28,7 +28,7 @@ from tasks.core.config import Settings
 from tasks.criteo.ingest import StepInputMissing
 from tasks.criteo.schema import CAT_COLUMNS, INT_COLUMNS, LABEL
 from tasks.formats.feature_spec import FeatureSpec
-from tests.split_binary_rows import read_rows
+from tests.split_binary_rows import read_rows as read_split_binary
 from tasks.core.storage import Manifest, read_manifest, write_manifest
 
 REPO = Path(__file__).resolve().parents[1]
@@ -123,7 +123,7 @@ def expected(r: dict) -> tuple:
 
 def read_rows(dataset: Path, mapping: str) -> list[tuple]:
     spec = FeatureSpec.from_yaml(dataset / "feature_spec.yaml")
-    numerical, categorical, label = read_rows(spec, mapping, 0, 1000)
+    numerical, categorical, label = read_split_binary(spec, mapping, 0, 1000)
     return [(bool(label[i]), tuple(numerical[i]), tuple(int(v) for v in categorical[i])) for i in range(len(label))]
 
 

@@ -40,6 +40,7 @@ class TriggerWhenReady(TriggerDagRunOperator):
 
         decision = self.decide(context)
         if isinstance(decision, str):
+            self.log.info("%s", decision)  # as the log's own line: the skip's reason is only a structured field
             raise AirflowSkipException(decision)
         self.trigger_run_id, self.conf, self.note = decision.run_id, decision.conf, decision.note
         self.log.info("triggering %s run %s: %s", self.trigger_dag_id, decision.run_id, decision.note)

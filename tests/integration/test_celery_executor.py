@@ -62,13 +62,14 @@ def test_scheduled_and_triggered_runs_go_through_the_celery_worker(cluster: Airf
     for day, run in ((0, scheduled), (1, manual)):
         assert read_manifest(criteo_layout.stats_day(root, day))["rows"]["good"] == ROWS
         tis = api.task_instances(INGEST, run["dag_run_id"])
-        assert {ti["task_id"]: (ti["state"], ti["try_number"]) for ti in tis} == dict.fromkeys(
-            ("download", "validate_raw", "day_stats"), ("success", 1))
+        states = {ti["task_id"]: (ti["state"], ti["try_number"]) for ti in tis}
+        assert states.pop("retrain_gate")[0] in ("success", "skipped")  # the teardown that may start a retrain
+        assert states == dict.fromkeys(("download", "validate_raw", "day_stats"), ("success", 1))
         assert {ti["queue"] for ti in tis} == {"default"}
         hosts |= {ti["hostname"] for ti in tis}
     assert hosts == {socket.getfqdn()} or hosts == {socket.gethostname()}, hosts
 
-    # The Celery worker, not the scheduler, executed them: it logged receiving each of the 6 task workloads.
+    # The Celery worker, not the scheduler, executed them: it logged receiving each of the task workloads.
     worker_log = (cluster.log_dir / "celery-worker.log").read_text(errors="replace")
     received = re.findall(r"Task execute_workload\[[0-9a-f-]+\] received", worker_log)
     assert len(received) >= 6, worker_log[-3000:]

@@ -215,7 +215,7 @@ def test_scheduler_killed_during_day_stats_recovers_by_itself(cluster):
         "the new scheduler did not log resetting day_stats"
     assert "Marked 1 SchedulerJob instances as failed" in scheduler_log
     tries_by_task = {ti["task_id"]: ti["try_number"] for ti in api.task_instances(INGEST, run_id)}
-    assert tries_by_task == {"download": 1, "validate_raw": 1, "day_stats": 2}, tries_by_task
+    assert tries_by_task == {"download": 1, "validate_raw": 1, "day_stats": 2, "retrain_gate": 1}, tries_by_task
     retry_log = api.task_log(INGEST, run_id, "day_stats", 2)
     assert "spark-submit criteo/day_stats.py" in retry_log and f"day 1: day_stats {ROWS} rows" in retry_log
 

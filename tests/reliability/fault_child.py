@@ -67,9 +67,9 @@ def publish(settings, spec: dict[str, Any]) -> dict[str, Any]:
     """The DAG's publish task body: lineage, then publish to the store (registry: the SQLite fallback)."""
     from tasks.criteo.dlrm import lineage, publish as push
 
-    params = spec["params"]
-    doc = lineage(settings, spec["run_id"], resolved_run(spec), params)
-    return push(settings, spec["run_id"], datetime.fromisoformat(spec["when"]), spec["metrics"], doc,
+    params, run = spec["params"], resolved_run(spec)
+    doc = lineage(settings, spec["run_id"], run, params)
+    return push(settings, spec["run_id"], datetime.fromisoformat(spec["when"]), spec["metrics"], doc, run=run,
                 model_name=params["model_name"], store_uri=spec.get("publish_uri") or None, aws_conn_id=None,
                 registry_conn_id=None)
 

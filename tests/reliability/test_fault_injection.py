@@ -145,7 +145,7 @@ def http_source(tmp_path_factory):
 @pytest.fixture(scope="module")
 def golden(tmp_path_factory, http_source) -> Golden:
     """Every step run once, cleanly, in the order of the DAGs; the data root copied before each measured step."""
-    from tasks.criteo.dlrm import gate, publish
+    from tasks.criteo.dlrm import export, gate, publish
     from tasks.criteo.ingest import day_stats, download_day, validate_day
 
     _, template, _, _ = http_source
@@ -165,13 +165,14 @@ def golden(tmp_path_factory, http_source) -> Golden:
     clean_step(golden, "day_stats", root)
     for step in ("dictionary", "transform", "train", "evaluate"):
         clean_step(golden, step, root)
+    export(settings, RUN_ID)  # the serving export a version publishes (unmeasured: it only reads model.pt)
     # The DAG's gate registers the run; an older version is already published, so `latest` exists before the kill.
     run = resolved_run({"train_days": TRAIN_DAYS, "test_day": TEST_DAY, "params": PARAMS})
     metrics = golden.clean["evaluate"].result
     assert gate(settings, RUN_ID, metrics, run, model_name="criteo_dlrm", registry_conn_id=None)["passed"]
     shutil.copytree(run_dir(root), layout.run_dir(root, "criteo_dlrm", "previous"))
     gate(settings, "previous", metrics, run, model_name="criteo_dlrm", registry_conn_id=None)
-    publish(settings, "previous", PREVIOUS_WHEN, metrics, {"run_id": "previous"}, model_name="criteo_dlrm",
+    publish(settings, "previous", PREVIOUS_WHEN, metrics, {"run_id": "previous"}, run=run, model_name="criteo_dlrm",
             registry_conn_id=None)
     clean_step(golden, "publish", root)
     return golden
