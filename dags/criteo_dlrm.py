@@ -128,10 +128,10 @@ def criteo_dlrm():
         return run_evaluation(load_settings(), context["run_id"])
 
     @task
-    def export(trained: dict, **context) -> dict:
+    def export(run: dict, trained: dict, **context) -> dict:
         from tasks.criteo.dlrm import export as export_model
 
-        return export_model(load_settings(), context["run_id"])
+        return export_model(load_settings(), context["run_id"], run)
 
     @task.short_circuit(ignore_downstream_trigger_rules=False, on_failure_callback=record_failure)
     def gate(run: dict, metrics: dict, **context) -> bool:
@@ -158,7 +158,7 @@ def criteo_dlrm():
     dataset = transform(run, build_dictionary(run))
     trained = train(run, validate_dataset(dataset))
     metrics = evaluate(trained)
-    [gate(run, metrics), export(trained)] >> publish(run, metrics)
+    [gate(run, metrics), export(run, trained)] >> publish(run, metrics)
 
 
 criteo_dlrm()

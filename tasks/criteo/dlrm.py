@@ -171,11 +171,19 @@ def evaluate(settings: Settings, run_id: str, mapping: str = "test") -> dict[str
     return {key: metrics[key] for key in ("auc", "logloss", "rows", "mapping")}
 
 
-def export(settings: Settings, run_id: str) -> dict[str, Any]:
-    """TorchScript export of the trained model as a Triton model repository, checked against the eager model."""
+def export(settings: Settings, run_id: str, run: dict[str, Any]) -> dict[str, Any]:
+    """TorchScript export of the trained model as a Triton model repository, checked against the eager model, and
+    preprocessing.json (how raw rows become the model's inputs); publish only reads them (safe to retry)."""
+    from spark_jobs.criteo.dictionary import parse_threshold_overrides
     from tasks.core.launch import run_module
+    from tasks.criteo.predict import PREPROCESSING_FILE, preprocessing_spec
 
     paths = run_paths(settings, run_id)
+    cardinalities = json.loads((paths.dictionary / "cardinalities.json").read_text())
+    knobs = run["knobs"]
+    dictionary_days = run["train_days"] + ([run["test_day"]] if knobs["dictionary_days"] == "all" else [])
+    spec = preprocessing_spec(list(cardinalities.values()), knobs["frequency_threshold"],
+                              parse_threshold_overrides(knobs["threshold_overrides"] or ""), dictionary_days)
     done = paths.export / "export.json"
     model = paths.train / "model.pt"
     if not (done.is_file() and json.loads(done.read_text()).get("source_sha256") == file_sha256(model)):
@@ -183,6 +191,7 @@ def export(settings: Settings, run_id: str) -> dict[str, Any]:
                    label=f"export {run_id}", what="export")
         record = json.loads(done.read_text()) | {"source_sha256": file_sha256(model)}
         write_text_atomic(done, json.dumps(record, indent=2, sort_keys=True))
+    write_text_atomic(paths.export / PREPROCESSING_FILE, json.dumps(spec, indent=2, sort_keys=True))
     return json.loads(done.read_text())
 
 
@@ -290,19 +299,13 @@ def publishable_files(settings: Settings, run_id: str, run: dict[str, Any]) -> d
     """Everything a version needs to score raw rows on its own (tasks/criteo/predict.py) and to be served: weights,
     the dictionary (parquet), preprocessing.json, the FeatureSpec, the TorchScript Triton repository, plus the
     training curves, log and the gate's record. Raises FileNotFoundError naming what is missing."""
-    from spark_jobs.criteo.dictionary import DICTIONARY, parse_threshold_overrides
-    from tasks.criteo.predict import DICTIONARY_PREFIX, PREPROCESSING_FILE, preprocessing_spec
+    from spark_jobs.criteo.dictionary import DICTIONARY
+    from tasks.criteo.predict import DICTIONARY_PREFIX, PREPROCESSING_FILE
 
     paths = run_paths(settings, run_id)
-    cardinalities = json.loads((paths.dictionary / "cardinalities.json").read_text())
-    knobs = run["knobs"]
-    dictionary_days = run["train_days"] + ([run["test_day"]] if knobs["dictionary_days"] == "all" else [])
-    spec = preprocessing_spec(list(cardinalities.values()), knobs["frequency_threshold"],
-                              parse_threshold_overrides(knobs["threshold_overrides"] or ""), dictionary_days)
-    write_text_atomic(paths.root / PREPROCESSING_FILE, json.dumps(spec, indent=2, sort_keys=True))
     files = {
         "model.pt": paths.train / "model.pt",
-        PREPROCESSING_FILE: paths.root / PREPROCESSING_FILE,
+        PREPROCESSING_FILE: paths.export / PREPROCESSING_FILE,
         "feature_spec.yaml": paths.dataset / "feature_spec.yaml",
         "dictionary/cardinalities.json": paths.dictionary / "cardinalities.json",
         "dictionary/model_size.json": paths.dictionary / "model_size.json",
@@ -313,7 +316,8 @@ def publishable_files(settings: Settings, run_id: str, run: dict[str, Any]) -> d
     values = sorted((paths.dictionary / DICTIONARY).glob("*.parquet"))
     files |= {f"{DICTIONARY_PREFIX}{path.name}": path for path in values}
     files |= {f"triton/{path.relative_to(paths.export).as_posix()}": path
-              for path in sorted(paths.export.rglob("*")) if path.is_file() and path.name != "export.json"}
+              for path in sorted(paths.export.rglob("*"))
+              if path.is_file() and path.name not in ("export.json", PREPROCESSING_FILE)}
     missing = [str(p) for p in files.values() if not p.is_file()]
     if not values:
         missing.append(str(paths.dictionary / DICTIONARY / "*.parquet"))

@@ -165,9 +165,9 @@ def golden(tmp_path_factory, http_source) -> Golden:
     clean_step(golden, "day_stats", root)
     for step in ("dictionary", "transform", "train", "evaluate"):
         clean_step(golden, step, root)
-    export(settings, RUN_ID)  # the serving export a version publishes (unmeasured: it only reads model.pt)
-    # The DAG's gate registers the run; an older version is already published, so `latest` exists before the kill.
     run = resolved_run({"train_days": TRAIN_DAYS, "test_day": TEST_DAY, "params": PARAMS})
+    export(settings, RUN_ID, run)  # the serving export a version publishes (unmeasured: it only reads model.pt)
+    # The DAG's gate registers the run; an older version is already published, so `latest` exists before the kill.
     metrics = golden.clean["evaluate"].result
     assert gate(settings, RUN_ID, metrics, run, model_name="criteo_dlrm", registry_conn_id=None)["passed"]
     shutil.copytree(run_dir(root), layout.run_dir(root, "criteo_dlrm", "previous"))
