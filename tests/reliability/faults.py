@@ -263,6 +263,10 @@ def assert_nothing_partial_marked_complete(root: Path) -> list[str]:
             assert committed.is_file(), f"{rel} names {version}, which has no manifest"
         elif path.name == "latest" and path.parent.name == "checkpoints":
             assert (path.parent / path.read_text().strip()).is_file(), f"{rel} names a missing checkpoint"
+        elif path.name == "model.pt" and "/export/" in f"/{rel}":
+            import torch  # the TorchScript export (not a pickle): a torn archive fails to load
+
+            torch.jit.load(str(path), map_location="cpu")
         elif re.fullmatch(r"step_\d{8,}\.pt", path.name) or (path.name == "model.pt" and "versions" not in rel):
             from models.torchkit.checkpoint import CHECKPOINT_KIND, MODEL_KIND, safe_load
 
