@@ -68,6 +68,45 @@ def test_cluster_profile_ships_the_code() -> None:
     assert argv.index("--py-files") < argv.index(str(SPARK_JOBS_DIR / "criteo/day_stats.py"))
 
 
+def test_driver_host_is_set_for_a_cluster_master_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RECFLOW_SPARK_DRIVER_HOST", "10.1.2.3")
+    on_cluster = conf_of(SparkSubmit("job.py", [], master="spark://127.0.0.1:7077").argv())
+    assert on_cluster["spark.driver.host"] == "10.1.2.3"
+    # local[*]: driver and executors share one JVM; an address meant for a cluster's executors must not apply.
+    assert "spark.driver.host" not in conf_of(SparkSubmit("job.py", []).argv())
+    explicit = SparkSubmit("job.py", [], master="spark://127.0.0.1:7077", driver_host="127.0.0.1")
+    assert conf_of(explicit.argv())["spark.driver.host"] == "127.0.0.1"
+    monkeypatch.delenv("RECFLOW_SPARK_DRIVER_HOST")
+    assert "spark.driver.host" not in conf_of(SparkSubmit("job.py", [], master="spark://h:7077").argv())
+
+
+def test_code_archive_is_named_by_its_content_and_written_once(tmp_path: Path,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    repo = tmp_path / "repo"
+    for rel in ("tasks/__init__.py", "tasks/core/schema.py", "spark_jobs/job.py"):
+        (repo / rel).parent.mkdir(parents=True, exist_ok=True)
+        (repo / rel).write_text(f"# {rel}\n")
+    (repo / "tasks" / "notes.txt").write_text("not code")
+    monkeypatch.setattr(spark_submit, "REPO_ROOT", repo)
+    first = spark_submit.code_archive()
+    assert first.parent == repo / "build" and first.name.startswith("recflow_spark_code-")
+    with zipfile.ZipFile(first) as zf:
+        assert sorted(zf.namelist()) == ["spark_jobs/job.py", "tasks/__init__.py", "tasks/core/schema.py"]
+    written = first.stat().st_mtime_ns, first.stat().st_ino
+    again = spark_submit.code_archive()
+    assert again == first and (again.stat().st_mtime_ns, again.stat().st_ino) == written  # not rewritten
+    # An edit makes a new archive beside the old one (a job starting with the old one keeps it); a day later the
+    # old one is removed when the next new one is written.
+    (repo / "spark_jobs" / "job.py").write_text("# edited\n")
+    edited = spark_submit.code_archive()
+    assert edited != first and first.exists()
+    os.utime(first, (time.time() - 2 * 86400,) * 2)
+    (repo / "spark_jobs" / "job.py").write_text("# edited twice\n")
+    newest = spark_submit.code_archive()
+    assert not first.exists() and edited.exists() and newest.exists()
+    assert not list((repo / "build").glob(".tmp-*"))
+
+
 def test_cluster_profile_on_a_local_master_needs_no_archive() -> None:
     argv = SparkSubmit("job.py", [], profile="cluster").argv()
     assert "--py-files" not in argv

@@ -9,10 +9,23 @@ Profiles (RECFLOW_SPARK_PROFILE or a DAG param):
            PyPI: its path or URL comes from RECFLOW_RAPIDS_JAR (the GPU image in docker-compose downloads it).
            The Accelerator runs only on the Spark versions it was built for (RAPIDS_SUPPORTED_SPARK): the profile
            refuses any other Spark with one line, before a job starts and fails obscurely on its executors.
+
+On a cluster (any master but local[...]), what the driver and the executors need beyond the master's URL:
+  code     the tasks/ and spark_jobs/ packages, zipped and shipped with --py-files (code_archive): executors
+           import the schema and the jobs' own modules (a mapInArrow function runs there). The driver runs here
+           (client mode) and imports the repo from PYTHONPATH.
+  python   spark.pyspark.python is this interpreter's path: the workers must have the same environment at the
+           same path (one image for Airflow workers and Spark workers, as in docker-compose.yml).
+  driver   executors connect back to the driver: RECFLOW_SPARK_DRIVER_HOST sets spark.driver.host (and so the
+           address it binds) when this machine's hostname does not resolve to an address they can reach.
+  data     executors read the inputs and write parquet under the output's temporary folder themselves, and the
+           driver renames that folder into place: the data root must be one shared path on every node.
+docs/ARCHITECTURE.md ("Spark on a cluster") has what tests/integration/test_spark_standalone.py shows.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import shutil
@@ -29,6 +42,8 @@ log = logging.getLogger(__name__)
 
 SPARK_JOBS_DIR = REPO_ROOT / "spark_jobs"
 LOG4J_CONF = SPARK_JOBS_DIR / "log4j2.properties"
+CODE_PACKAGES = ("tasks", "spark_jobs")  # what executors import, shipped to a cluster (code_archive)
+CODE_ARCHIVE_PREFIX = "recflow_spark_code-"
 
 _LOCAL_CONF = {
     "spark.sql.shuffle.partitions": "8",
@@ -102,6 +117,11 @@ class SparkSubmit:
     conf_overrides: Mapping[str, str] = field(default_factory=dict)
     rapids_jar: str | None = None
     spark_version: str | None = None  # None: the installed pyspark's (what spark-submit runs here)
+    driver_host: str | None = None    # None: RECFLOW_SPARK_DRIVER_HOST, else Spark's own choice (hostname's address)
+
+    @property
+    def on_cluster(self) -> bool:
+        return not self.master.startswith("local")
 
     def conf(self) -> dict[str, str]:
         if self.profile not in PROFILES:
@@ -111,6 +131,9 @@ class SparkSubmit:
             conf.update(_RAPIDS_CONF)
         conf["spark.pyspark.python"] = sys.executable
         conf.setdefault("spark.driver.extraJavaOptions", f"-Dlog4j2.configurationFile={LOG4J_CONF.as_uri()}")
+        driver_host = self.driver_host or os.environ.get("RECFLOW_SPARK_DRIVER_HOST")
+        if self.on_cluster and driver_host:
+            conf["spark.driver.host"] = driver_host
         conf.update(self.conf_overrides)
         return conf
 
@@ -124,7 +147,7 @@ class SparkSubmit:
             if not jar:
                 raise ValueError("the gpu Spark profile needs the RAPIDS Accelerator jar: set RECFLOW_RAPIDS_JAR")
             argv += ["--jars", jar]
-        if not self.master.startswith("local"):
+        if self.on_cluster:
             argv += ["--py-files", str(code_archive())]
         argv += [str(SPARK_JOBS_DIR / self.job), *self.args]
         return argv
@@ -142,15 +165,35 @@ def spark_submit_binary() -> str:
 
 
 def code_archive() -> Path:
-    """A zip of the tasks/ and spark_jobs/ packages for --py-files on a cluster (executors import the schema)."""
+    """A zip of the tasks/ and spark_jobs/ packages for --py-files on a cluster (executors import the schema and the
+    jobs' modules), under build/. Named by the hash of its content and written once: concurrent submits share it,
+    and a running job's archive is never replaced under it (executors fetch it from the driver when they start)."""
+    import hashlib
     import zipfile
 
-    target = REPO_ROOT / "build" / "recflow_spark_code.zip"
-    with atomic_file(target, "wb") as f, zipfile.ZipFile(f, "w", zipfile.ZIP_DEFLATED) as zf:
-        for package in ("tasks", "spark_jobs"):
-            for path in sorted((REPO_ROOT / package).rglob("*.py")):
-                zf.write(path, path.relative_to(REPO_ROOT).as_posix())
+    sources = [(path.relative_to(REPO_ROOT).as_posix(), path) for package in CODE_PACKAGES
+               for path in sorted((REPO_ROOT / package).rglob("*.py"))]
+    digest = hashlib.sha256()
+    for name, path in sources:
+        digest.update(name.encode() + b"\0" + path.read_bytes() + b"\0")
+    target = REPO_ROOT / "build" / f"{CODE_ARCHIVE_PREFIX}{digest.hexdigest()[:16]}.zip"
+    if not target.exists():
+        with atomic_file(target, "wb") as f, zipfile.ZipFile(f, "w", zipfile.ZIP_DEFLATED) as zf:
+            for name, path in sources:
+                zf.write(path, name)
+        _remove_old_archives(target)
     return target
+
+
+def _remove_old_archives(current: Path, max_age_s: float = 86400.0) -> None:
+    """Archives of earlier code, once no job can still be starting with them (a day old): each edit of the code
+    makes a new one."""
+    import time
+
+    for path in current.parent.glob(f"{CODE_ARCHIVE_PREFIX}*.zip"):
+        with contextlib.suppress(FileNotFoundError):
+            if path != current and time.time() - path.stat().st_mtime > max_age_s:
+                path.unlink()
 
 
 def run_spark_job(submit: SparkSubmit, env: Mapping[str, str] | None = None, label: str = "spark") -> None:
