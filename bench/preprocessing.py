@@ -1,9 +1,14 @@
 """Figure 2, preprocessing: dictionary + transform + split-binary writing rows/s against the same parse floor.
 
-A preprocessing run is build_dictionary then transform_dataset (tasks.criteo.preprocess; two spark-submits) over
-a window of N train days plus one test day, reading the day_stats outputs of the first ingest pass, in a child
-process whose tree the parent samples for memory. Rows/s counts every input row (train days and test day: all of
-them are transformed and written). Each window runs mode.spark_repeats times, each time into a fresh output dir.
+A preprocessing run is recflow's command line, `python -m tasks criteo preprocess` (resolve_run, then
+build_dictionary and transform_dataset from tasks.criteo.preprocess: two spark-submits, then validate_dataset) over a
+window of N train days plus one test day, reading the day_stats outputs of the first ingest pass, in a child process
+whose tree the parent samples for memory. The figures take the dictionary and transform steps from the command's
+--json report: their seconds, and the peak memory between the dictionary's start and the transform's end (the
+dataset check after them is not part of the figure). Knobs are the `full` profile's (frequency threshold 15, the
+train days' dictionary, seed 12345) on the `local` Spark profile, whatever the environment says. Rows/s counts
+every input row (train days and test day: all of them are transformed and written). Each window runs
+mode.spark_repeats times, each time into a fresh output dir.
 """
 
 from __future__ import annotations
@@ -51,22 +56,41 @@ class PreprocessData:
                          for r in self.runs]}
 
 
+def preprocess_args(data_root: Path, train_days: int, test_day: int, out_dir: Path, report_path: Path) -> list[str]:
+    """The command line (after `python -m tasks`) of one preprocessing run: days 0..train_days-1 + test_day."""
+    return ["--data-root", str(data_root), "--json", str(report_path), "criteo", "preprocess",
+            "--train-days", f"0-{train_days - 1}", "--test-day", str(test_day), "--out", str(out_dir),
+            "--profile", "full", "--spark-profile", "local"]
+
+
+def measured_steps(report: dict[str, Any], out_dir: Path) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The build_dictionary and transform_dataset records of a `criteo preprocess --json` report; SystemExit if
+    either was cached (a cached step measures nothing) or missing."""
+    steps = {record["step"]: record for record in report["steps"]}
+    missing = {"build_dictionary", "transform_dataset"} - set(steps)
+    if missing or not report["ok"]:
+        raise SystemExit(f"{out_dir}: preprocessing report without {sorted(missing)} (error: {report['error']})")
+    dictionary, transform = steps["build_dictionary"], steps["transform_dataset"]
+    if dictionary["result"]["cached"] or transform["result"]["cached"]:
+        raise SystemExit(f"{out_dir}: a preprocessing step was cached; the benchmark needs a fresh output dir")
+    return dictionary, transform
+
+
 def run_window(data_root: Path, train_days: int, test_day: int, repeat: int, work_dir: Path) -> PreprocessRun:
     out_dir = work_dir / f"preprocess-{train_days}d-{repeat}"
     shutil.rmtree(out_dir, ignore_errors=True)
     out_dir.mkdir(parents=True)
-    result_path = out_dir / "run.json"
-    argv = [sys.executable, "-m", "bench.worker", "preprocess", "--data-root", str(data_root),
-            "--train-days", *map(str, range(train_days)), "--test-day", str(test_day), "--out-dir", str(out_dir),
-            "--json", str(result_path)]
+    report_path = work_dir / f"preprocess-{train_days}d-{repeat}.json"
+    argv = [sys.executable, "-m", "tasks", *preprocess_args(data_root, train_days, test_day, out_dir, report_path)]
     log_path = work_dir / "logs" / f"preprocess-{train_days}d-{repeat}.log"
     log.info("preprocessing %d train day(s) + test day %d, run %d (log %s)", train_days, test_day, repeat + 1,
              log_path)
     child = run_child(argv, log_path, cwd=REPO)
-    result = json.loads(result_path.read_text())
-    run = PreprocessRun(window=train_days, rows=sum(result["rows"].values()),
-                        dictionary_seconds=result["dictionary_seconds"], transform_seconds=result["transform_seconds"],
-                        peak_rss=child.peak_rss(result["start"], result["end"]), child=child)
+    dictionary, transform = measured_steps(json.loads(report_path.read_text()), out_dir)
+    run = PreprocessRun(window=train_days, rows=sum(transform["result"]["rows"].values()),
+                        dictionary_seconds=dictionary["end"] - dictionary["start"],
+                        transform_seconds=transform["end"] - transform["start"],
+                        peak_rss=child.peak_rss(dictionary["start"], transform["end"]), child=child)
     log.info("  %d rows: dictionary %.1f s, transform %.1f s, peak RSS %.0f MB", run.rows, run.dictionary_seconds,
              run.transform_seconds, run.peak_rss / 1e6)
     shutil.rmtree(out_dir)  # the dataset is not reused; keep the disk free for the next window

@@ -1,7 +1,9 @@
-"""Measured child processes (the parent samples their process tree's memory): an ingest pass and a preprocessing run.
+"""The measured ingest pass, a child process whose process tree the parent samples for memory.
 
   python -m bench.worker ingest-pass --days 0 1 2 --json OUT       (environment: bench.datasets.airflow_env)
-  python -m bench.worker preprocess --data-root R --train-days 0 1 --test-day 4 --out-dir D --json OUT
+
+(A preprocessing run needs no worker of its own: bench.preprocessing runs recflow's command line,
+`python -m tasks criteo preprocess ... --json OUT`, which times each step.)
 
 ingest-pass runs the criteo_ingest DAG once per day through Airflow's `dag.test()` (scripts/run_dag.py), which
 executes each task in this process. Before that, the task functions the DAG's task bodies call (download_day,
@@ -85,46 +87,19 @@ def ingest_pass(days: Sequence[int]) -> dict[str, Any]:
     return {"days": results}
 
 
-def preprocess(data_root: Path, train_days: list[int], test_day: int, out_dir: Path) -> dict[str, Any]:
-    """Dictionary + transform (split binary + feature spec) of one window, each step timed."""
-    from tasks.core.config import Settings
-    from tasks.criteo.preprocess import build_dictionary, transform_dataset
-
-    settings = Settings(data_root=data_root)
-    start = time.monotonic()
-    dictionary = build_dictionary(settings, out_dir / "dictionary", train_days, test_day)
-    middle = time.monotonic()
-    dataset = transform_dataset(settings, out_dir / "dataset", out_dir / "dictionary", train_days, test_day)
-    end = time.monotonic()
-    if dictionary["cached"] or dataset["cached"]:
-        raise SystemExit(f"{out_dir}: a preprocessing step was cached; the benchmark needs a fresh output dir")
-    return {"train_days": train_days, "test_day": test_day, "start": start, "end": end,
-            "dictionary_seconds": middle - start, "transform_seconds": end - middle, "rows": dataset["rows"],
-            "values": dictionary["values"]}
-
-
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
     ingest = sub.add_parser("ingest-pass")
     ingest.add_argument("--days", type=int, nargs="+", required=True)
     ingest.add_argument("--json", type=Path, required=True)
-    prep = sub.add_parser("preprocess")
-    prep.add_argument("--data-root", type=Path, required=True)
-    prep.add_argument("--train-days", type=int, nargs="+", required=True)
-    prep.add_argument("--test-day", type=int, required=True)
-    prep.add_argument("--out-dir", type=Path, required=True)
-    prep.add_argument("--json", type=Path, required=True)
     return parser.parse_args(argv)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     args = parse_args(argv)
-    if args.command == "ingest-pass":
-        result = ingest_pass(args.days)
-    else:
-        result = preprocess(args.data_root, args.train_days, args.test_day, args.out_dir)
+    result = ingest_pass(args.days)
     args.json.write_text(json.dumps(result, default=str))
     return 0
 
