@@ -17,7 +17,7 @@ import subprocess
 import threading
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -34,14 +34,18 @@ log = logging.getLogger("bench")
 
 @dataclass(frozen=True)
 class TrainShape:
-    """The DLRM run of the training figure (trainer and ceiling use the same numbers)."""
+    """The DLRM runs of the training figure: recflow's trainer and the TorchRec peer get the same numbers."""
 
     batch_size: int
     bottom_mlp: tuple[int, ...]
     top_mlp: tuple[int, ...]
+    lr: float            # base SGD lr of DlrmConfig's schedule (NVIDIA's 24 is for batch 65536; it diverges at 4096)
     warmup_steps: int    # not timed: the first log interval (allocations, first sparse updates)
     measured_steps: int  # timed, in intervals of log_every_steps
     log_every_steps: int
+    repeats: int         # interleaved rounds (each: both sides at 1 and 2 processes, and the ceilings)
+    # TorchRec variants (bench.torchrec_dlrm) measured against the trainer per process count; the fastest is the peer
+    peer_variants: dict[int, tuple[str, ...]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -60,14 +64,21 @@ class Mode:
         return list(range(max(self.scaling_days) + 1))
 
 
-# quick must finish in < 10 min on 2 cores: its cost is spark-submits (~20-30 s of fixed start-up each, 3 day_stats
-# + 2 x 2 preprocessing jobs) and 12 torchrun launches (20 measured steps each: the training stage was 6 of 15 min
-# under load); the 4- and 8-day windows are --full's.
+# NVIDIA's DLRM sizes in both modes (bottom 512-256-128, top 1024-1024-512-256-1, embedding dim 128). quick must
+# finish in < 10 min on 2 cores: its cost is spark-submits (~20-30 s of fixed start-up each, 3 day_stats + 2 x 2
+# preprocessing jobs) and the training launches (~25-40 s each at these sizes: 2 repeats x (2 trainer + 2 TorchRec
+# runs + 1 ceiling process)). quick's TorchRec variant per process count is the fastest of a survey of all of them
+# (5 + 40 steps, one run each, samples/s: 1 x 2 fused 7,185, dmp 6,782, plain 6,633; 2 x 1 dmp 7,041, plain 6,135);
+# --full measures every variant every time. The 4- and 8-day windows are --full's.
+NVIDIA_BOTTOM_MLP = (512, 256, 128)
+NVIDIA_TOP_MLP = (1024, 1024, 512, 256, 1)
 QUICK = Mode("quick", 50_000, (1, 2), repeats=3, spark_repeats=1, loader_rows=1_000_000,
-             train=TrainShape(4096, (64, 16), (64, 32, 1), warmup_steps=5, measured_steps=20, log_every_steps=5))
+             train=TrainShape(4096, NVIDIA_BOTTOM_MLP, NVIDIA_TOP_MLP, lr=1.0, warmup_steps=5, measured_steps=25,
+                              log_every_steps=5, repeats=2, peer_variants={1: ("fused",), 2: ("dmp",)}))
 FULL = Mode("full", 500_000, (1, 2, 4, 8), repeats=3, spark_repeats=3, loader_rows=4_000_000,
-            train=TrainShape(8192, (512, 256, 128), (1024, 1024, 512, 256, 1), warmup_steps=5, measured_steps=50,
-                             log_every_steps=5))
+            train=TrainShape(4096, NVIDIA_BOTTOM_MLP, NVIDIA_TOP_MLP, lr=1.0, warmup_steps=5, measured_steps=40,
+                             log_every_steps=5, repeats=3,
+                             peer_variants={1: ("plain", "fused", "dmp"), 2: ("plain", "dmp")}))
 MODES = {"quick": QUICK, "full": FULL}
 
 

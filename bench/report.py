@@ -36,9 +36,18 @@ of fixed start-up on 2 cores; full mode repeats both (`--spark-repeats` override
    on the device), batches decoded on the host to float32/int32 (the CPU training path; depth 0 and 4). Consecutive
    batches are read as ~4 MB spans (one read per file per span). Floor: `np.fromfile` of each file, one sequential
    pass. Page cache warm on every side.
-4. **training**: `models/dlrm/train.py` under torchrun on CPU (gloo); samples/s from its own log intervals after
-   the first (warm-up); ceiling: the same model, batch and threads fed random in-memory tensors in a minimal loop
-   (`bench/train_ceiling.py`), also under torchrun (DDP for 2 processes).
+4. **training**: `models/dlrm/train.py` under torchrun on CPU (gloo) at NVIDIA's DLRM sizes, against TorchRec's
+   DLRM (`bench/torchrec_dlrm.py`: `torchrec.models.dlrm.DLRM`, variants plain / fused optimizer /
+   DistributedModelParallel, the fastest one is the peer) on the same split-binary data read by the same reader,
+   same sizes, batch, SGD lr schedule, steps and threads, launched alternately (A B, B A) at 1 process x all cores
+   and at one process per core; samples/s from the log intervals after the first (warm-up) on both sides; AUC on
+   the whole test mapping after the last step. Dense-only ceiling (`bench/train_ceiling.py`): the trainer's own
+   model doing only its dense math (MLPs and interaction, forward + backward + SGD) on tensors made once, P
+   processes counted as P x one process on B/P rows (free collectives): the trainer does this work and more, so it
+   cannot be faster. FLOPs: forward multiply-accumulates of the MLPs and the interaction's batched GEMM x 2 x 3
+   (backward = 2 x forward); embeddings move bytes, not FLOPs, and are left out. Achieved FLOP/s = FLOPs per
+   sample x samples/s, against the best fp32 `torch.mm` (2048²) on the same threads and against the cores'
+   theoretical peak (its derivation is in the table).
 5. **orchestration**: from the same DAG runs: the run's wall time against the sum of its tasks' durations, and
    each task's Airflow duration against its task function timed inside it.
 6. **scaling**: ingest windows are N consecutive days of an ingest pass (the first N days of a longer run are an

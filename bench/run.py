@@ -46,6 +46,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                         help=f"run only these figures (repeatable or comma-separated): {', '.join(NAMES)}")
     parser.add_argument("--repeats", type=int, help="override the mode's repeats of cheap measurements")
     parser.add_argument("--spark-repeats", type=int, help="override the mode's ingest passes / runs per window")
+    parser.add_argument("--train-repeats", type=int, help="override the mode's interleaved training rounds")
     parser.add_argument("--keep-work", action="store_true", help="keep bench/.cache/work/<stamp>/ (data roots)")
     parser.add_argument("--page", default=report.DEFAULT_PAGE,
                         help="the page under docs/ to write (default %(default)s; another name keeps the main page, "
@@ -59,7 +60,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     if unknown:
         parser.error(f"--only {', '.join(unknown)}: unknown; choose from {', '.join(NAMES)}")
     args.only = [name for name in NAMES if name in only]
-    for flag in ("repeats", "spark_repeats"):
+    for flag in ("repeats", "spark_repeats", "train_repeats"):
         if getattr(args, flag) is not None and getattr(args, flag) < 1:
             parser.error(f"--{flag.replace('_', '-')} must be >= 1")
     return args
@@ -133,7 +134,8 @@ def _plan(mode: Mode, selected: list[str]) -> str:
     if "loader" in selected:
         parts.append(f"{mode.repeats} loader repeats over {mode.loader_rows:,} rows")
     if "training" in selected:
-        parts.append(f"{4 * mode.repeats} torchrun launches")
+        launches = sum(1 + len(mode.train.peer_variants[n]) for n in training.PROCESS_COUNTS)
+        parts.append(f"{mode.train.repeats} training rounds of {launches} torchrun launches + 1 ceiling process")
     return "; ".join(parts)
 
 
@@ -158,7 +160,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     log.setLevel(logging.INFO)
     mode = MODES[args.mode]
-    mode = replace(mode, repeats=args.repeats or mode.repeats, spark_repeats=args.spark_repeats or mode.spark_repeats)
+    mode = replace(mode, repeats=args.repeats or mode.repeats, spark_repeats=args.spark_repeats or mode.spark_repeats,
+                   train=replace(mode.train, repeats=args.train_repeats or mode.train.repeats))
     selected = args.only or list(NAMES)
     started = datetime.now(timezone.utc)
     stamp = started.strftime("%Y%m%dT%H%M%SZ")

@@ -206,3 +206,140 @@ def test_a_second_page_sits_beside_the_main_one(tmp_path, monkeypatch):
     for bad in ("../README.md", "docs/x.md", "x.txt"):
         with pytest.raises(SystemExit):
             parse_args(["--page", bad])
+
+
+# --- training figure: FLOPs, peaks, the dense-only ceiling, the TorchRec peer and the figures' arithmetic ---------
+
+def test_model_flops_count_the_mlps_and_the_interaction_gemm():
+    import torch
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from bench.train_ceiling import model_flops
+    from models.dlrm.model import Dlrm
+
+    tiny = model_flops(4, 2, (8, 4), (6, 1))
+    # bottom 4*8 + 8*4; interaction 3 vectors: 3*3*4; top (4 + 3 pairs) * 6 + 6 * 1
+    assert (tiny.bottom_mlp_macs, tiny.interaction_macs, tiny.top_mlp_macs) == (64, 36, 48)
+    assert tiny.train_flops == 6 * 148 and tiny.embedding_bytes_read == 2 * 4 * 4
+    nvidia = model_flops(13, 26, (512, 256, 128), (1024, 1024, 512, 256, 1))
+    assert nvidia.forward_macs == 170_496 + 27 * 27 * 128 + 2_194_688
+    # torch's own count of the forward pass (addmm + bmm) agrees, per sample
+    model = Dlrm(4, [5, 7], (8, 4), (6, 1))
+    with FlopCounterMode(display=False) as counter:
+        model(torch.randn(10, 4), torch.randint(0, 5, (10, 2)))
+    assert counter.get_total_flops() == 10 * 2 * tiny.forward_macs
+
+
+AMD_ZEN4 = ("processor\t: 0\nvendor_id\t: AuthenticAMD\ncpu family\t: 25\nmodel\t\t: 17\ncpu MHz\t\t: 2596.132\n"
+            "flags\t\t: fpu sse avx fma avx2 avx512f avx512bw\n\nprocessor\t: 1\nvendor_id\t: GenuineIntel\n")
+
+
+def test_cpu_peak_is_derived_from_the_flags_family_and_clock():
+    from bench.train_ceiling import cpu_peak
+
+    zen4 = cpu_peak(AMD_ZEN4, cores=2)
+    assert (zen4.fma_units, zen4.lanes) == (2, 8)  # AVX-512 double-pumped over 256-bit pipes
+    assert zen4.flops == pytest.approx(2 * 2 * 8 * 2 * 2.596132e9)
+    assert "2 cores x 2 FMA units x 8 fp32 lanes" in zen4.derivation and "166 GFLOP/s" in zen4.derivation
+    intel = cpu_peak("vendor_id\t: GenuineIntel\ncpu family\t: 6\ncpu MHz\t\t: 2000.0\nflags\t\t: fma avx2 avx512f\n", 4)
+    assert intel.lanes == 16 and intel.flops == pytest.approx(4 * 2 * 16 * 2 * 2e9)
+    with pytest.raises(ValueError, match="no FMA"):
+        cpu_peak("vendor_id\t: GenuineIntel\ncpu MHz\t\t: 2000.0\nflags\t\t: sse2 avx\n", 1)
+
+
+def test_ceilings_process_writes_the_dense_rate_and_gemm_peak_per_process_count(tmp_path):
+    from bench import train_ceiling
+
+    out = tmp_path / "ceilings.json"
+    result = train_ceiling.main(["--num_numerical", "4", "--num_categorical", "3", "--batch_size", "256",
+                                 "--bottom_mlp_sizes", "16", "8", "--top_mlp_sizes", "16", "1", "--processes", "1", "2",
+                                 "--cores", "2", "--warmup_steps", "1", "--measured_steps", "3", "--json", str(out)])
+    saved = json.loads(out.read_text())
+    assert saved["threads"] == {"1": 2, "2": 1}
+    assert set(saved["dense_samples_per_second"]) == {"1", "2"} and min(saved["dense_samples_per_second"].values()) > 0
+    assert min(saved["gemm_flops"].values()) > 1e8  # any BLAS does 0.1 GFLOP/s
+    assert result.gemm_flops == saved["gemm_flops"]
+
+
+@pytest.fixture(scope="module")
+def tiny_split_binary(tmp_path_factory):
+    from models.dlrm.synthetic import make_synthetic_dataset
+
+    out = tmp_path_factory.mktemp("peer")
+    make_synthetic_dataset(out, train_rows=20_000, test_rows=4_000, seed=0)
+    return out
+
+
+def _peer_args(dataset: Path, out: Path, variant: str) -> list[str]:
+    return ["--variant", variant, "--dataset_dir", str(dataset), "--json", str(out), "--device", "cpu",
+            "--batch_size", "512", "--bottom_mlp_sizes", "16", "8", "--top_mlp_sizes", "16", "1", "--lr", "0.5",
+            "--limit_train_batches", "35", "--log_every_steps", "5", "--eval_batch_size", "1024",
+            "--torch_threads", "1"]
+
+
+@pytest.mark.parametrize("variant", ["plain", "fused", "dmp"])
+def test_torchrec_peer_learns_the_planted_signal_on_the_trainers_data(tiny_split_binary, tmp_path, monkeypatch,
+                                                                      variant):
+    pytest.importorskip("torchrec", reason="torchrec is installed by `make venv` (requirements.in)")
+    from bench import torchrec_dlrm
+    from tests.servers import free_port
+
+    # dmp needs a process group even alone: torchrun's variables for a world of one
+    for name, value in {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "RANK": "0",
+                        "LOCAL_RANK": "0", "WORLD_SIZE": "1"}.items():
+        monkeypatch.setenv(name, value)
+    result = torchrec_dlrm.main(_peer_args(tiny_split_binary, tmp_path / "peer.json", variant))
+    assert (result.variant, result.steps, result.warmup_steps, result.world_size) == (variant, 35, 5, 1)
+    assert result.eval_rows == 4_000 and result.samples_per_second > 0
+    assert result.auc > 0.65, result  # chance is 0.5; the planted signal is learnt
+    assert json.loads((tmp_path / "peer.json").read_text())["auc"] == result.auc
+    if variant == "dmp":
+        assert len(result.sharding) == 5  # the planner placed every table
+
+
+def test_torchrec_peer_runs_data_parallel_on_two_processes(tiny_split_binary, tmp_path):
+    pytest.importorskip("torchrec", reason="torchrec is installed by `make venv` (requirements.in)")
+    import os
+
+    from tasks.core.launch import torchrun_command
+
+    out = tmp_path / "peer.json"
+    command = torchrun_command(2, "bench.torchrec_dlrm", _peer_args(tiny_split_binary, out, "dmp"))
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1]), "OMP_NUM_THREADS": "1"}
+    run_child(command, tmp_path / "peer.log", env=env)
+    result = json.loads(out.read_text())
+    assert result["world_size"] == 2 and result["steps"] == 35 and result["auc"] > 0.65, result
+    with pytest.raises(ChildFailed, match="exited"):  # fused tables are not data parallel: refused, not run wrong
+        run_child(torchrun_command(2, "bench.torchrec_dlrm", _peer_args(tiny_split_binary, out, "fused")),
+                  tmp_path / "fused.log", env=env)
+    assert "runs in one process only" in (tmp_path / "fused.log").read_text()
+
+
+def _training_raw() -> dict:
+    peak = {"cores": 2, "fma_units": 2, "lanes": 8, "clock_hz": 2.5e9, "derivation": "2 cores x ..."}
+    run = {"threads": 2, "recflow": [100.0, 120.0], "recflow_auc": [0.70, 0.73],
+           "peers": {"plain": {"rate": [50.0, 60.0], "auc": [0.69, 0.70]},
+                     "fused": {"rate": [80.0, 100.0], "auc": [0.71, 0.71]}}}
+    return {"shape": {"bottom_mlp": [8, 4], "top_mlp": [4, 1], "batch_size": 64, "warmup_steps": 5,
+                      "measured_steps": 10, "lr": 1.0},
+            "train_flops_per_sample": 1e6, "cpu_peak": peak, "runs": {"1": run},
+            "ceilings": [{"dense_samples_per_second": {"1": 200.0}, "gemm_flops": {"1": 1e9}},
+                         {"dense_samples_per_second": {"1": 240.0}, "gemm_flops": {"1": 1.2e9}}]}
+
+
+def test_training_figures_pair_the_trainer_with_the_fastest_peer_the_ceiling_and_the_peaks():
+    from bench import training
+
+    rows = {f.name: f for f in training.figures(_training_raw())}
+    peer = rows["train.py vs TorchRec DLRM, 1 process(es) x 2 thread(s)"]
+    assert peer.reference_name == "TorchRec DLRM (fused)" and "others: plain 55" in peer.note
+    assert peer.ratio == Stat(1.225, 1.2, 1.25, 2) and peer.ratio_method == "paired"
+    auc = rows["train.py test AUC vs TorchRec's, 1 process(es) x 2 thread(s)"]
+    assert "difference +0.0050 (-0.0100 to +0.0200)" in auc.note
+    ceiling = rows["train.py vs dense-only ceiling, 1 process(es) x 2 thread(s)"]
+    assert ceiling.ratio == Stat(0.5, 0.5, 0.5, 2)
+    flops = rows["train.py achieved FLOP/s, 1 process(es) x 2 thread(s)"]
+    assert flops.value.median == pytest.approx(110.0 * 1e6 / 1e9) and flops.ratio.median == pytest.approx(0.1)
+    assert "of the theoretical peak" in flops.note  # 110 MFLOP/s of 160 GFLOP/s
+    gemm = rows["torch.mm fp32 peak, 1 process x 2 thread(s)"]
+    assert gemm.reference.median == pytest.approx(160.0) and gemm.note == "2 cores x ..."

@@ -20,15 +20,19 @@ from torch import nn
 FLOAT32_BYTES = 4
 
 
+def init_linear(linear: nn.Linear) -> nn.Linear:
+    """NVIDIA/facebookresearch DLRM init: Glorot-normal weights, bias ~ N(0, 1/fan_out)."""
+    fan_out, fan_in = linear.weight.shape
+    nn.init.normal_(linear.weight, 0.0, math.sqrt(2.0 / (fan_in + fan_out)))
+    nn.init.normal_(linear.bias, 0.0, math.sqrt(1.0 / fan_out))
+    return linear
+
+
 def mlp(in_features: int, sizes: Sequence[int], relu_last: bool) -> nn.Sequential:
     """Linear+ReLU stack; the last layer's ReLU is optional (the top MLP ends in a raw logit)."""
     layers: list[nn.Module] = []
     for i, out_features in enumerate(sizes):
-        linear = nn.Linear(in_features, out_features)
-        # NVIDIA/facebookresearch init: Glorot-normal weights, bias ~ N(0, 1/fan_out).
-        nn.init.normal_(linear.weight, 0.0, math.sqrt(2.0 / (in_features + out_features)))
-        nn.init.normal_(linear.bias, 0.0, math.sqrt(1.0 / out_features))
-        layers.append(linear)
+        layers.append(init_linear(nn.Linear(in_features, out_features)))
         if relu_last or i < len(sizes) - 1:
             layers.append(nn.ReLU())
         in_features = out_features
