@@ -1,6 +1,7 @@
 """Run the benchmark: `.venv/bin/python -m bench.run [--quick|--full] [--only NAME ...]` from the repository root.
 
-Figures: ingest, preprocessing, loader, training, orchestration, scaling (see docs/PERFORMANCE.md for what each
+Figures: ingest, endtoend (raw logs to split-binary through the CLI), preprocessing, loader, training, orchestration,
+scaling, cluster (fixed cost per Spark job on a standalone cluster) (see docs/PERFORMANCE.md for what each
 measures). quick (default): 50k-row days, windows of 1/2 days, 3 repeats of every cheap measurement and one
 ingest pass / one preprocessing run per window (each Spark run costs tens of seconds of fixed start-up on 2 cores);
 full: 500k-row days, windows of 1/2/4/8 days, 3 repeats of everything. Writes bench/results/<UTC timestamp>.json and
@@ -25,15 +26,17 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, TypeVar
 
-from bench import ingest, loader, orchestration, preprocessing, report, scaling, training
+from bench import cluster, endtoend, ingest, loader, orchestration, preprocessing, report, scaling, training
 from bench.common import (CACHE_DIR, MODES, REPO, RESULTS_DIR, Figure, LoadMonitor, Mode, OtherWork, Stage,
                           cpu_seconds, load_average, log, machine_info)
 from bench.proc import RSS_METHOD
 from tasks.core.storage import write_text_atomic
 
-NAMES = ("ingest", "preprocessing", "loader", "training", "orchestration", "scaling")
+NAMES = ("ingest", "endtoend", "preprocessing", "loader", "training", "orchestration", "scaling", "cluster")
 NEEDS_INGEST = {"ingest", "orchestration", "scaling", "preprocessing"}
 NEEDS_PREPROCESSING = {"preprocessing", "scaling"}
+# Each cluster repeat is 9 spark-submits (3 jobs x local / cluster / cluster profile), ~3 min on 2 cores.
+CLUSTER_REPEATS = {"quick": 1, "full": 3}
 T = TypeVar("T")
 
 
@@ -104,12 +107,19 @@ class Runner:
         if self.wants(NEEDS_PREPROCESSING):
             prep_data = self.stage("preprocessing runs", lambda: preprocessing.measure(mode, ingest_data, work))
             self.raw["preprocessing"] = prep_data.to_raw()
+        if "endtoend" in self.selected:
+            end_to_end = self.stage("end to end (CLI)", lambda: endtoend.measure(mode, work))
+            self.raw["endtoend"] = end_to_end.to_raw()
         if "loader" in self.selected:
             self.raw["loader"] = self.stage("loader", lambda: loader.measure(mode))
         if "training" in self.selected:
             self.raw["training"] = self.stage("training", lambda: training.measure(mode, work))
+        if "cluster" in self.selected:
+            self.raw["cluster"] = self.stage("spark cluster", lambda: cluster.measure(CLUSTER_REPEATS[mode.name]))
         if "ingest" in self.selected:
             self.figures += ingest.figures(ingest_data)
+        if "endtoend" in self.selected:
+            self.figures += endtoend.figures(end_to_end)
         if "preprocessing" in self.selected:
             self.figures += preprocessing.figures(prep_data, ingest_data, mode)
         if "loader" in self.selected:
@@ -121,6 +131,8 @@ class Runner:
         if "scaling" in self.selected:
             self.series["scaling"] = scaling.series(mode, ingest_data, prep_data)
             self.figures += scaling.figures(self.series["scaling"])
+        if "cluster" in self.selected:
+            self.figures += cluster.figures(self.raw["cluster"])
 
 
 def _plan(mode: Mode, selected: list[str]) -> str:
@@ -131,6 +143,10 @@ def _plan(mode: Mode, selected: list[str]) -> str:
     if NEEDS_PREPROCESSING & set(selected):
         parts.append(f"{mode.spark_repeats * len(mode.scaling_days)} preprocessing runs (windows "
                      f"{list(mode.scaling_days)} train days)")
+    if "endtoend" in selected:
+        parts.append(f"1 end-to-end CLI run over 3 days of {endtoend.DAY_ROWS[mode.name]:,} rows")
+    if "cluster" in selected:
+        parts.append(f"{CLUSTER_REPEATS[mode.name]} round(s) of the 3 Spark jobs on local / a standalone cluster")
     if "loader" in selected:
         parts.append(f"{mode.repeats} loader repeats over {mode.loader_rows:,} rows")
     if "training" in selected:

@@ -343,3 +343,26 @@ def test_training_figures_pair_the_trainer_with_the_fastest_peer_the_ceiling_and
     assert "of the theoretical peak" in flops.note  # 110 MFLOP/s of 160 GFLOP/s
     gemm = rows["torch.mm fp32 peak, 1 process x 2 thread(s)"]
     assert gemm.reference.median == pytest.approx(160.0) and gemm.note == "2 cores x ..."
+
+
+def test_end_to_end_figures_count_every_raw_row_against_the_floor():
+    from bench import endtoend
+
+    ingest_report = {"steps": [{"step": "download_day", "seconds": 1.0}, {"step": "validate_day", "seconds": 9.0},
+                               {"step": "download_day", "seconds": 1.0}, {"step": "day_stats", "seconds": 0.5}]}
+    preprocess_report = {"steps": [{"step": "resolve_run", "seconds": 0.0},
+                                   {"step": "build_dictionary", "seconds": 10.0},
+                                   {"step": "transform_dataset", "seconds": 30.0},
+                                   {"step": "validate_dataset", "seconds": 1.0}]}
+    assert endtoend.step_seconds(ingest_report) == {"download_day": 2.0, "validate_day": 9.0, "day_stats": 0.5}
+    run = endtoend.EndToEndRun(rows=3_000, ingest_seconds=20.0, preprocess_seconds=40.0,
+                               ingest_steps=endtoend.step_seconds(ingest_report),
+                               preprocess_steps=endtoend.step_seconds(preprocess_report),
+                               ingest=ChildRun(seconds=20.0), preprocess=ChildRun(seconds=40.0))
+    data = endtoend.EndToEndData(runs=[run], floor=[1_000.0, 1_000.0])
+    end_to_end, retrain = endtoend.figures(data)
+    assert end_to_end.value.median == pytest.approx(3_000 / 60.0)
+    assert end_to_end.ratio.median == pytest.approx(3_000 / 60.0 / 1_000.0)
+    assert retrain.value.median == pytest.approx(3_000 / 40.0)  # dictionary + transform only
+    assert (end_to_end.target, retrain.target) == (">= 0.1", ">= 0.25")
+    assert json.loads(json.dumps(data.to_raw()))["runs"][0]["preprocess_steps"]["transform_dataset"] == 30.0
