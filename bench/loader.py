@@ -3,18 +3,21 @@ GPU path: decoded on the device), host-decoded batches (the CPU path) without an
 
 The dataset is the Criteo-shaped split-binary train mapping of bench.datasets (13 float16 numericals, 26
 categoricals of int8/int16/int32 by cardinality, a bool label). One sample = one full pass over every batch of the
-training batch size; the consumer only holds each batch (no model), so this is the loader alone. The floor reads the
-same bytes with np.fromfile, file by file, in one sequential pass. The files are read once before measuring, so
-every side reads from the page cache (a cold-cache number needs dropping caches, which needs root). Samples are
-interleaved (floor, raw, decoded, decoded + prefetch) in each repeat, and the ratios are paired. A sample makes as many passes
-as it takes the floor to run for MIN_SAMPLE_S (timer noise on a sub-10 ms pass would swamp the figure); every
-side makes the same number of passes.
+training batch size; the consumer only holds each batch (no model), so this is the loader alone. It drops each batch
+before taking the next, as a training step does, so the reader's span buffers are reused (models/dlrm/data.py
+`_SpanBuffers`); a consumer holding many batches gets fresh buffers instead. The floor reads the same bytes with
+np.fromfile, file by file, in one sequential pass. The files are read once before measuring, so every side reads
+from the page cache (a cold-cache number needs dropping caches, which needs root). Samples are interleaved (floor,
+raw, decoded, decoded + prefetch) in each repeat, and the ratios are paired. A sample makes as many passes as it
+takes the floor to run for MIN_SAMPLE_S (timer noise on a sub-10 ms pass would swamp the figure); every side makes
+the same number of passes.
 """
 
 from __future__ import annotations
 
 import math
 import time
+from functools import partial
 from pathlib import Path
 
 from bench.common import Figure, Mode, Stat, log, paired_ratio
@@ -61,15 +64,15 @@ def measure(mode: Mode) -> dict:
     passes = max(1, math.ceil(MIN_SAMPLE_S / max(warm, 1e-6)))
     samples: dict[str, list[float]] = {"floor_s": [], "raw_s": [], "plain_s": [], "prefetch_s": []}
     batches = 0
+    sides = {"raw_s": (0, True), "plain_s": (0, False), "prefetch_s": (PREFETCH_DEPTH, False)}
     for repeat in range(mode.repeats):
         samples["floor_s"].append(_passes(lambda: (0, *read_seconds(mapping)), passes)[2])
-        samples["raw_s"].append(_passes(lambda: loader_pass(dataset_dir, batch, 0, raw=True), passes)[2])
-        batches, loaded, seconds = _passes(lambda: loader_pass(dataset_dir, batch, 0), passes)
-        if loaded != total * passes:
-            raise RuntimeError(f"loader read {loaded} bytes but {passes} passes over the mapping hold "
-                               f"{total * passes}")
-        samples["plain_s"].append(seconds)
-        samples["prefetch_s"].append(_passes(lambda: loader_pass(dataset_dir, batch, PREFETCH_DEPTH), passes)[2])
+        for key, (depth, raw_batches) in sides.items():
+            batches, loaded, seconds = _passes(partial(loader_pass, dataset_dir, batch, depth, raw_batches), passes)
+            if loaded != total * passes:  # every side must read the floor's bytes, or the ratio means nothing
+                raise RuntimeError(f"loader ({key}) read {loaded} bytes but {passes} passes over the mapping hold "
+                                   f"{total * passes}")
+            samples[key].append(seconds)
         log.info("  loader repeat %d: floor %.3f s, raw %.3f s, decoded %.3f s, decoded + prefetch %.3f s",
                  repeat + 1, samples["floor_s"][-1], samples["raw_s"][-1], samples["plain_s"][-1],
                  samples["prefetch_s"][-1])

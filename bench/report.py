@@ -34,8 +34,9 @@ of fixed start-up on 2 cores; full mode repeats both (`--spark-repeats` override
 3. **loader**: full passes over a Criteo-shaped split-binary train mapping with `SplitBinaryDataset` via
    `PrefetchingReader`, no model: raw batches in the files' dtypes (`dataset.raw`, what a GPU run ships and decodes
    on the device), batches decoded on the host to float32/int32 (the CPU training path; depth 0 and 4). Consecutive
-   batches are read as ~4 MB spans (one read per file per span). Floor: `np.fromfile` of each file, one sequential
-   pass. Page cache warm on every side.
+   batches are read as ~4 MB spans (one read per file per span, into one buffer per span that the reader reuses
+   once the consumer has dropped that span's batches). Floor: `np.fromfile` of each file, one sequential pass. Page
+   cache warm on every side.
 4. **training**: `models/dlrm/train.py` under torchrun on CPU (gloo) at NVIDIA's DLRM sizes, against TorchRec's
    DLRM (`bench/torchrec_dlrm.py`: `torchrec.models.dlrm.DLRM`, variants plain / fused optimizer /
    DistributedModelParallel, the fastest one is the peer) on the same split-binary data read by the same reader,

@@ -113,6 +113,48 @@ def test_spans_read_once_and_hand_out_the_same_batches(spec: FeatureSpec, monkey
     assert list(consecutive_runs([5, 6, 7, 8, 2, 3, 3], 3)) == [(5, 3), (8, 1), (2, 2), (3, 1)]
 
 
+def _raw_equals_files(raw, rows: slice, reads: tuple[np.ndarray, np.ndarray, np.ndarray]) -> bool:
+    numerical, categorical, label = reads
+    return (np.array_equal(raw[0].float().numpy(), numerical[rows])
+            and np.array_equal(np.stack([c.numpy() for c in categorical_columns(raw)], axis=1), categorical[rows])
+            and np.array_equal(raw[2].float().numpy(), label[rows]))
+
+
+def test_span_buffers_are_reused_only_once_no_batch_of_the_span_is_alive(spec: FeatureSpec, monkeypatch) -> None:
+    import models.dlrm.data as data
+
+    reads = _numpy_reads(spec, "train")
+    with SplitBinaryDataset(spec, "train", BATCH) as dataset:
+        monkeypatch.setattr(data, "SPAN_BYTES", 4 * BATCH * dataset.bytes_per_row)
+        first = dataset.raw_span(0, 4)
+        address = first[0][2].data_ptr()
+        held = first[3][1][0].values  # one categorical group of the last batch: a view holds the whole span
+        del first
+        for _ in range(3):  # spans read while `held` is alive never land in its buffer
+            assert dataset.raw_span(4, 4)[0][2].data_ptr() != address
+        assert torch.equal(held, dataset.raw(3)[1][0].values)
+        del held
+        again = dataset.raw_span(8, 4)  # now the buffer is free: reused, and holds the new rows
+        assert again[0][2].data_ptr() == address
+        assert all(_raw_equals_files(b, slice((8 + k) * BATCH, (9 + k) * BATCH), reads) for k, b in enumerate(again))
+
+
+@pytest.mark.parametrize("depth", [0, 3])
+def test_held_raw_batches_stay_intact_beyond_the_kept_buffers(spec: FeatureSpec, monkeypatch, depth: int) -> None:
+    """A consumer holding every batch (more spans than SPAN_BUFFERS) gets fresh buffers, never overwritten ones."""
+    import models.dlrm.data as data
+
+    reads = _numpy_reads(spec, "train")
+    with SplitBinaryDataset(spec, "train", BATCH) as dataset:
+        monkeypatch.setattr(data, "SPAN_BYTES", BATCH * dataset.bytes_per_row)  # one batch per span: 16 spans
+        monkeypatch.setattr(dataset._buffers, "capacity", 3)
+        for order in (list(range(len(dataset))), shard_batch_indices(16, shuffle=True, seed=3, even=False)):
+            held = list(PrefetchingReader(dataset, order, depth=depth, raw=True))
+            assert len(held) == 16 and len({b[2].data_ptr() for b in held}) == 16
+            assert all(_raw_equals_files(b, slice(i * BATCH, (i + 1) * BATCH), reads) for b, i in zip(held, order))
+            assert len(dataset._buffers._slots) == 3
+
+
 def test_short_last_batch_kept_or_dropped(spec: FeatureSpec) -> None:
     with SplitBinaryDataset(spec, "train", BATCH) as dataset:
         numerical, categorical, label = dataset[len(dataset) - 1]

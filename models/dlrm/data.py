@@ -16,17 +16,21 @@ writes ~2.5x the bytes it reads (float16 -> float32, int8/16 -> int32), so it co
 
 Consecutive batches (evaluation, unshuffled single-process training) are read as spans of ~SPAN_BYTES, one preadv
 per file per span, and handed out as views: at a 4096-row batch the per-call costs of 28 small reads per batch were
-as large as the copying.
+as large as the copying. Every file of a span is read into one buffer that the dataset keeps and reuses once no batch
+of that span is alive any more (`_SpanBuffers`): a batch stays valid for as long as the consumer holds it.
 """
 
 from __future__ import annotations
 
+import math
 import os
 import queue
 import threading
 import time
+import weakref
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from itertools import repeat
 from pathlib import Path
 from typing import NamedTuple
 
@@ -58,6 +62,11 @@ _CAST_SLICE_ELEMENTS = 16_384
 # a 4096-row Criteo batch is 28 reads of ~16 KB, where the per-call cost (syscall, array, tensor) is as large as
 # the copy itself.
 SPAN_BYTES = 4 << 20
+# Span buffers a dataset keeps for reuse: a prefetch queue of depth 4, the span being read, the one the consumer
+# iterates and the previous one whose last batch it may still hold. More live spans get fresh buffers.
+SPAN_BUFFERS = 8
+# Each file's region of a span buffer starts on a cache line.
+_REGION_ALIGN = 64
 
 
 @dataclass
@@ -92,12 +101,6 @@ class _Column:
             )
         self.rows = size // self.row_bytes
 
-    def read(self, first_row: int, rows: int) -> np.ndarray:
-        """`rows` rows from `first_row` into a new array (shape [rows] or [rows, width]), no intermediate copy."""
-        out = np.empty((rows, self.width) if self.width > 1 else rows, dtype=self.dtype)
-        self.read_into(memoryview(out).cast("B"), first_row)
-        return out
-
     def read_into(self, view: memoryview, first_row: int) -> None:
         """Fill the byte view `view` (a whole number of rows) from row `first_row` on."""
         want, offset, done = len(view), first_row * self.row_bytes, 0
@@ -109,20 +112,64 @@ class _Column:
 
 
 class _Group:
-    """The categorical columns of one dtype: read together into one [k, rows] array per batch (one allocation,
-    one tensor), which is what makes a batch of 26 columns cheap: per column only the preadv is left."""
+    """The categorical columns of one dtype: read together into one [k, rows] array per span (one tensor), which is
+    what makes a batch of 26 columns cheap: per column only the preadv is left."""
 
     def __init__(self, dtype: np.dtype, positions: list[int], columns: list[_Column]) -> None:
         self.dtype, self.columns = dtype, columns
         self.positions = np.asarray(positions, dtype=np.int64)
         self.positions_tensor = torch.from_numpy(self.positions)
 
-    def read(self, first_row: int, rows: int) -> np.ndarray:
-        out = np.empty((len(self.columns), rows), dtype=self.dtype)
-        view, step = memoryview(out).cast("B"), rows * self.dtype.itemsize
-        for j, column in enumerate(self.columns):
-            column.read_into(view[j * step:(j + 1) * step], first_row)
-        return out
+
+class _SpanArrays(NamedTuple):
+    """The rows of one span, as stored: views of one buffer of the dataset's `_SpanBuffers`."""
+
+    label: np.ndarray               # [rows]
+    numerical: np.ndarray | None    # [rows, n_num]
+    groups: list[np.ndarray]        # one [k, rows] per categorical group
+
+
+class _SpanBuffers:
+    """Byte buffers that spans are read into, each written again only once nothing made from its last span is alive.
+
+    `take` hands out a fresh array over a kept buffer; every array, tensor and batch view made from a span keeps that
+    array alive (numpy views keep their base, torch.from_numpy keeps the array, tensor views their storage), so a weak
+    reference to it says when the consumer has dropped the span's last batch. A batch the consumer still holds is
+    therefore never overwritten, and the reader needs no rule about when a batch is invalidated. One buffer per span
+    instead of an array per file, kept instead of freed, made the reads ~10% faster (28 allocations a span less).
+    """
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self._slots: list[tuple[np.ndarray, weakref.ref]] = []
+        self._lock = threading.Lock()  # the prefetch thread and the consumer may both read
+
+    def take(self, nbytes: int) -> np.ndarray:
+        """A uint8 array of `nbytes` over a buffer that nothing alive refers to (a new one if none is free)."""
+        with self._lock:
+            free = [i for i, (_, handed_out) in enumerate(self._slots) if handed_out() is None]
+            reusable = next((i for i in free if len(self._slots[i][0]) >= nbytes), None)
+            if reusable is not None:
+                buffer = self._slots[reusable][0]
+            else:
+                buffer = np.empty(nbytes, dtype=np.uint8)
+                if len(self._slots) >= self.capacity and not free:
+                    return buffer  # the consumer holds more spans than are kept: this one is not kept
+            # An array whose base is a memoryview: numpy collapses every view made from it to this array, not to
+            # `buffer`, so this array is alive exactly as long as something made from this span is.
+            span = np.frombuffer(memoryview(buffer), dtype=np.uint8, count=nbytes)
+            slot = (buffer, weakref.ref(span))
+            if reusable is not None:
+                self._slots[reusable] = slot
+            elif len(self._slots) < self.capacity:
+                self._slots.append(slot)
+            else:
+                self._slots[free[0]] = slot  # in place of a free buffer too small for this span
+            return span
+
+    def clear(self) -> None:
+        with self._lock:
+            self._slots = []
 
 
 class SplitBinaryDataset:
@@ -132,6 +179,7 @@ class SplitBinaryDataset:
         if batch_size < 1:
             raise ValueError(f"batch_size must be positive, got {batch_size}")
         self.mapping, self.batch_size = mapping, batch_size
+        self._buffers = _SpanBuffers(SPAN_BUFFERS)
         spec.check_feature_spec(tf2_compatible=False)  # as NVIDIA's reader does; PT accepts int64 categoricals
         label_path, numerical_path, categorical_paths = spec.get_mapping_paths(mapping)
         label_name = spec.channel_spec["label"][0]
@@ -199,20 +247,43 @@ class SplitBinaryDataset:
         self.stats.bytes += rows * self.bytes_per_row
         self.stats.seconds += time.perf_counter() - started
 
-    def _bounds(self, rows: int, count: int) -> list[tuple[int, int]]:
-        return [(k * self.batch_size, min((k + 1) * self.batch_size, rows)) for k in range(count)]
+    def _read(self, first: int, rows: int) -> _SpanArrays:
+        """Rows first .. first+rows-1 of every file, one preadv per file, into one buffer of the pool."""
+        # (dtype, shape, the files that fill it one after the other): label, numerical, then each group.
+        regions = [(self._label.dtype, (rows,), [self._label])]
+        if self._numerical is not None:
+            regions.append((self._numerical.dtype, (rows, self._numerical.width), [self._numerical]))
+        regions += [(g.dtype, (len(g.columns), rows), g.columns) for g in self._groups]
+        starts, end = [], 0
+        for dtype, shape, _ in regions:
+            starts.append(end)
+            end += -(-math.prod(shape) * dtype.itemsize // _REGION_ALIGN) * _REGION_ALIGN
+        span = self._buffers.take(end)
+        with memoryview(span) as view:
+            for (_, _, files), start in zip(regions, starts):
+                step = rows * files[0].row_bytes  # the files of a region share a dtype and width
+                for j, column in enumerate(files):
+                    column.read_into(view[start + j * step:start + (j + 1) * step], first)
+        arrays = [span[start:start + math.prod(shape) * dtype.itemsize].view(dtype).reshape(shape)
+                  for (dtype, shape, _), start in zip(regions, starts)]
+        numerical = arrays.pop(1) if self._numerical is not None else None
+        return _SpanArrays(arrays[0], numerical, arrays[1:])
 
     def raw_span(self, first_index: int, count: int) -> list[RawBatch]:
         """Batches first_index .. first_index+count-1 in the files' dtypes, read with one preadv per file; each
-        batch is a view of the span's arrays (the GPU path, see the module docstring)."""
+        batch is a view of the span's buffer, which is not reused while any batch of it is alive (the GPU path, see
+        the module docstring)."""
         started = time.perf_counter()
         first, rows = self._rows_of(first_index, count)
-        label = torch.from_numpy(self._label.read(first, rows))
-        numerical = (torch.from_numpy(self._numerical.read(first, rows).reshape(rows, self._numerical.width))
-                     if self._numerical is not None else torch.empty((rows, 0), dtype=torch.float16))
-        groups = [(g.positions_tensor, torch.from_numpy(g.read(first, rows))) for g in self._groups]
-        batches = [(numerical[a:b], tuple(CategoricalGroup(p, v[:, a:b]) for p, v in groups), label[a:b])
-                   for a, b in self._bounds(rows, count)]
+        arrays = self._read(first, rows)
+        numerical = (torch.from_numpy(arrays.numerical) if arrays.numerical is not None
+                     else torch.empty((rows, 0), dtype=torch.float16))
+        # Tensor.split makes all the views of a span in one call: slicing each batch in Python cost ~8.5 us a
+        # batch (five views, three groups), a third of np.fromfile's ~27 us for the batch's bytes; split ~4.5 us.
+        size = self.batch_size
+        groups = [map(CategoricalGroup, repeat(g.positions_tensor), torch.from_numpy(values).split(size, 1))
+                  for g, values in zip(self._groups, arrays.groups)]
+        batches = list(zip(numerical.split(size), zip(*groups), torch.from_numpy(arrays.label).split(size)))
         self._count(rows, count, started)
         return batches
 
@@ -221,16 +292,18 @@ class SplitBinaryDataset:
         [b, n_cat] as column-major views, float32 labels), read with one preadv per file and decoded in one pass."""
         started = time.perf_counter()
         first, rows = self._rows_of(first_index, count)
-        label = torch.from_numpy(self._label.read(first, rows).astype(np.float32))
-        if self._numerical is not None:
-            numerical = _cast(torch.from_numpy(self._numerical.read(first, rows)), torch.float32)
+        arrays = self._read(first, rows)  # stored bytes: dropped below, so the next span reuses the buffer
+        label = torch.from_numpy(arrays.label.astype(np.float32))
+        if arrays.numerical is not None:
+            numerical = _cast(torch.from_numpy(arrays.numerical), torch.float32)
         else:
             numerical = torch.empty((rows, 0), dtype=torch.float32)
         columns = np.empty((len(self._categorical), rows), dtype=self.index_dtype)  # column-major: contiguous
-        for group in self._groups:
-            columns[group.positions] = group.read(first, rows)  # one widening copy per dtype
-        categorical = torch.from_numpy(columns)
-        batches = [(numerical[a:b], categorical[:, a:b].T, label[a:b]) for a, b in self._bounds(rows, count)]
+        for group, values in zip(self._groups, arrays.groups):
+            columns[group.positions] = values  # one widening copy per dtype
+        categorical = torch.from_numpy(columns).T  # [rows, n_cat], column-major; its row slices stay so
+        size = self.batch_size
+        batches = list(zip(numerical.split(size), categorical.split(size), label.split(size)))
         self._count(rows, count, started)
         return batches
 
@@ -249,6 +322,7 @@ class SplitBinaryDataset:
             except OSError:
                 pass
         self._columns = []
+        self._buffers.clear()
 
     def __enter__(self) -> SplitBinaryDataset:
         return self
