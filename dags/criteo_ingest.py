@@ -2,9 +2,11 @@
 ### criteo_ingest — one run per Criteo day
 
 `download` (file / http(s) / s3; resumable, checksummed) → `validate_raw` (every row checked, bad rows
-quarantined, Great Expectations report; fails when bad rows exceed the budget) → `day_stats` (Spark: typed parquet
-copy + categorical value counts). The logical date picks the day (day 0 = `RECFLOW_CRITEO_EPOCH`); the `day` param
-overrides it for manual runs. Outputs live under the data root keyed by day, each with a manifest; re-running a
+quarantined, Great Expectations report; fails when bad rows exceed the budget) → `day_stats` (typed parquet copy +
+categorical value counts). With the default `arrow` engine (`RECFLOW_CRITEO_DAY_STATS_ENGINE`) validate_raw writes
+the stats in the same pass over the rows, so the day is parsed once and day_stats only checks they are complete;
+with `spark` day_stats runs a Spark job (spark-submit, e.g. on a cluster). The logical date picks the day (day 0 =
+`RECFLOW_CRITEO_EPOCH`); the `day` param overrides it for manual runs. Outputs live under the data root keyed by day, each with a manifest; re-running a
 finished day does no work. Each finished day emits an event on the `criteo_day_stats` asset.
 
 Backfill: `airflow backfill create --dag-id criteo_ingest --from-date 2026-01-01 --to-date 2026-01-24`.

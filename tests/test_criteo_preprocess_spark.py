@@ -48,11 +48,12 @@ TRAIN_DAYS = {
     1: [row(0, 0, {0: 0}, {0: "a"}), row(1, 1, {0: -10}, {0: "c"}), row(0, 2, {0: 100}, {0: "b", 1: "x"}),
         row(1, 3, {0: 1}, {0: "a"}), row(0, 4, {1: 7}, {0: "c"}), row(1, 5, {}, {0: "r"}), row(0, 6, {0: 2})],
 }
-# Test day, 5 rows over three source partitions, with gaps in row_order: test = the first 2 in file order.
+# Test day, 5 rows over three source partitions (spark-engine row_order: partition << 33 | index among its rows):
+# test = the first 2 in file order, i.e. dense row_order 0 and 1.
 TEST_DAY = 2
 TEST_ROWS = [row(1, 0, {0: None}, {0: "a", 1: "x"}), row(0, P + 0, {0: -3}, {0: "z"}),
-             row(1, P + 2, {0: -2}, {0: None, 1: "y"}), row(0, P + 7, {0: 0}, {0: "c"}),
-             row(0, 2 * P + 1, {0: 7, 12: 4}, {0: "r", 1: "x"})]
+             row(1, P + 1, {0: -2}, {0: None, 1: "y"}), row(0, P + 2, {0: 0}, {0: "c"}),
+             row(0, 2 * P + 0, {0: 7, 12: 4}, {0: "r", 1: "x"})]
 IDS = {0: {"a": 1, "b": 2, "c": 3}, 1: {"x": 1}}  # ids at threshold 2; everything else -> 0
 
 
@@ -280,7 +281,7 @@ def test_transform_output_passes_nvidia_checks_and_records_rows(dataset):
     spec = FeatureSpec.from_yaml(dataset / "feature_spec.yaml")
     assert sorted(spec.source_spec) == ["test", "train"]
     manifest = read_manifest(dataset)
-    assert manifest["rows"] == summary["rows"] and manifest["extra"]["split_row_order"] == P + 2
+    assert manifest["rows"] == summary["rows"] and manifest["extra"]["split_row_order"] == 2
     assert "train/cat_0.bin" in manifest["files"] and "sha256" in manifest["files"]["train/cat_0.bin"]
     assert not (dataset / "_parquet").exists()
 

@@ -69,6 +69,8 @@ def test_two_synthetic_days_ingest_with_manifests(airflow_env):
         assert any(name.startswith("columnar/") and name.endswith(".parquet") for name in stats["files"])
         assert any(name.startswith("counts/") for name in stats["files"])
         assert all(entry.get("sha256") for entry in stats["files"].values())
+        # parsed once: validate_raw wrote the stats (arrow engine), day_stats found them
+        assert stats["extra"]["engine"] == "arrow" and "spark-submit" not in run["log"]
 
 
 def test_rerun_is_cached_and_deleting_one_output_redoes_only_that(airflow_env):
@@ -80,12 +82,15 @@ def test_rerun_is_cached_and_deleting_one_output_redoes_only_that(airflow_env):
     assert "spark-submit" not in run["log"]
     before = read_manifest(criteo_layout.validated_day(root, 0))["created_at"]
 
+    # Stats gone, validation kept: day_stats recomputes them, here with the spark engine (the setting reaches the
+    # task from the environment); the default arrow engine's recovery is tests/test_day_stats_arrow.py's.
     shutil.rmtree(criteo_layout.stats_day(root, 0))
-    run = run_ingest(airflow_env, 0)
+    run = run_ingest({**airflow_env, "RECFLOW_CRITEO_DAY_STATS_ENGINE": "spark"}, 0)
     assert run["state"] == "success"
     assert "spark-submit" in run["log"]
     assert read_manifest(criteo_layout.validated_day(root, 0))["created_at"] == before
-    assert read_manifest(criteo_layout.stats_day(root, 0))["rows"]["good"] == ROWS
+    stats = read_manifest(criteo_layout.stats_day(root, 0))
+    assert stats["rows"]["good"] == ROWS and stats["extra"]["engine"] == "spark"
 
 
 def test_real_criteo_sample_ingests_cleanly(airflow_env):

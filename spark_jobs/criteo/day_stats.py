@@ -7,6 +7,12 @@ so the columnar copy holds exactly the rows validation called good; the task com
 (column, value, count) with column = categorical index 0..25 (NVIDIA's column_id), the input of frequency
 thresholding: a training window's dictionary is the sum of its days' counts, never a rescan of raw days.
 
+This is the `spark` day-stats engine; the default `arrow` engine (tasks/criteo/day_stats_arrow.py) writes the same
+dataset from validation's own pass. row_order is a monotonically_increasing_id assigned AFTER the bad rows are
+dropped: (partition << 33) | the row's index among the partition's good rows. The transform turns it into the dense
+file-order index the arrow engine writes (offset of the partition + that index), so both engines' stats give the
+same bytes downstream.
+
 Memory: Spark streams the text split by split; the only shuffle is the counts aggregation, which spills. Nothing
 scales with the day in the driver.
 """
@@ -44,15 +50,13 @@ def java_regex(pattern: str) -> str:
 
 def typed_rows(spark, path: str):
     """The day's rows that pass the raw-format rules, typed: label tinyint, int_* bigint, cat_* string (null =
-    empty), plus `row_order`, increasing in file order (the test/validation split of a day is by file order)."""
+    empty), plus `row_order`, increasing in file order (the test/validation split of a day is by file order), its
+    low 33 bits counting the good rows of its partition from 0."""
     from pyspark.sql import functions as F
 
     lines = spark.read.option("lineSep", "\n").text(path)
-    # One file's splits become partitions in offset order, so (partition, index) ids increase down the file.
-    ordered = lines.select(F.col("value"), F.monotonically_increasing_id().alias(ROW_ORDER))
-    fields = ordered.select(F.split(F.col("value"), "\t", -1).alias("f"), ROW_ORDER).where(
-        F.size("f") == len(RAW_COLUMNS))
-    named = fields.select(*[F.col("f")[i].alias(name) for i, name in enumerate(RAW_COLUMNS)], ROW_ORDER)
+    fields = lines.select(F.split(F.col("value"), "\t", -1).alias("f")).where(F.size("f") == len(RAW_COLUMNS))
+    named = fields.select(*[F.col("f")[i].alias(name) for i, name in enumerate(RAW_COLUMNS)])
     valid = F.col(LABEL).rlike(java_regex(LABEL_PATTERN))
     for name in INT_COLUMNS:
         valid = valid & ((F.col(name) == "") | F.col(name).rlike(java_regex(INT_PATTERN)))
@@ -63,11 +67,13 @@ def typed_rows(spark, path: str):
     def empty_to_null(name: str):
         return F.when(F.col(name) == "", None).otherwise(F.col(name))
 
+    # The id after the filter: one file's splits become partitions in offset order, so (partition, index among the
+    # partition's good rows) increases down the file and each partition's indexes are dense (0, 1, 2, ...).
     return good.select(
         F.col(LABEL).cast("tinyint").alias(LABEL),
         *[empty_to_null(name).cast("bigint").alias(name) for name in INT_COLUMNS],
         *[empty_to_null(name).alias(name) for name in CAT_COLUMNS],
-        F.col(ROW_ORDER),
+        F.monotonically_increasing_id().alias(ROW_ORDER),
     )
 
 
@@ -105,7 +111,7 @@ def main(argv: Sequence[str]) -> DayStatsResult:
         distinct = {CAT_COLUMNS[i]: per_column.get(i, 0) for i in range(len(CAT_COLUMNS))}
         log.info("distinct values per column: %s", distinct)
         manifest = Manifest(kind="criteo_day_stats", inputs=json.loads(args.inputs_json), rows={"good": rows},
-                            extra={"day": args.day, "distinct_values": distinct})
+                            extra={"day": args.day, "distinct_values": distinct, "engine": "spark"})
         write_manifest(tmp, manifest)
     spark.stop()
     return DayStatsResult(args.day, rows, distinct, str(args.output))

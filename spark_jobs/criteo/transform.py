@@ -17,6 +17,11 @@ cached pandas hash index for big columns). Same ids, same bytes. On 2 cores the 
 ~2x faster than 26 chained joins in a side-by-side prototype and keeps the plan small (26 joins x 3 mappings took
 seconds to plan); the whole job gained 10-15% at 150k rows, where Spark's fixed start-up cost dominates.
 
+Row order. Each day's row_order is first made the dense index of the row in its day's file order (0..n-1): the
+arrow day-stats engine writes it so; the spark engine writes (partition << 33) | index among the partition's rows,
+made dense by adding the rows of the day's earlier partitions (per-partition counts, a few rows per day collected).
+Stats whose indexes have gaps (written before criteo_day_stats version 2) are refused. So the output is
+byte-identical whichever engine wrote the stats, and the test day's split is simply row_order < floor(n/2).
 The shuffle is a total order on xxhash64(seed, day, row_order) rather than NVIDIA's rand(): equally uniform, and
 the same seed gives the same bytes on every run, whatever the cluster's partitioning. The global sort costs one
 sampling pass over the transformed train rows (Spark's range partitioner); NVIDIA's repartition + sortWithinPartitions
@@ -54,8 +59,10 @@ MAPPINGS = ("train", "test", "validation")
 PARQUET_TMP = "_parquet"
 BATCH_ROWS = 1 << 18
 PROGRESS_SECONDS = 30.0
-# monotonically_increasing_id (criteo_day_stats' row_order) keeps the partition index above bit 33
+# monotonically_increasing_id (the spark engine's row_order) keeps the partition index above bit 33
 PARTITION_SHIFT = 33
+INDEX_MASK = (1 << PARTITION_SHIFT) - 1
+GROUP, OFFSET = "_group", "_offset"
 LOOKUPS = ("arrow", "join")
 # Arrow lookups: rows per Arrow batch handed to the Python worker (Spark's default 10,000 would rebuild every
 # column's hash set per 10,000 rows), and the size from which a column's values get a cached pandas index instead
@@ -69,7 +76,7 @@ class TransformResult:
     output: str
     rows: dict[str, int]
     cardinalities: list[int]
-    split_row_order: int                                    # first row_order of the test day in validation
+    split_row_order: int                                    # first (dense) row_order of the test day in validation
     joins: dict[str, str] = field(default_factory=dict)     # cat_i -> broadcast | skew | empty
 
 
@@ -236,38 +243,44 @@ def log_numericals(df):
     return df
 
 
-def read_days(spark, paths: Sequence[str], first_source: int = 0):
-    """The columnar days, unioned, with SOURCE = first_source + position of the day in `paths`."""
+def read_days(spark, paths: Sequence[str]):
+    """The columnar days, unioned, with SOURCE = position of the day in `paths`."""
     from pyspark.sql import functions as F
 
-    frames = [spark.read.parquet(path).withColumn(SOURCE, F.lit(first_source + i)) for i, path in enumerate(paths)]
+    frames = [spark.read.parquet(path).withColumn(SOURCE, F.lit(i)) for i, path in enumerate(paths)]
     union = frames[0]
     for frame in frames[1:]:
         union = union.unionByName(frame)
     return union
 
 
-def split_row_order(test_day) -> tuple[int, int]:
-    """(first row_order of validation, rows of the day): test holds exactly floor(n/2) rows with a smaller row_order.
+def dense_row_order(spark, window, paths: Sequence[str]):
+    """(window with row_order = the row's dense index in its day's file order, {source: rows of that day}).
 
-    No single-partition window: row counts per source partition (row_order >> 33), then the exact row_order inside
-    the one partition where the split falls, found by a bounded top-k.
+    row_order is (group << 33) | index: one group with the dense index already for the arrow engine; a Spark
+    partition and the index among its rows for the spark engine. Dense = rows of the day's earlier groups + index,
+    from per-(day, group) counts; the offsets go back to the rows as a small broadcast table. Nothing that grows with
+    the rows is collected.
     """
     from pyspark.sql import functions as F
 
-    part = F.shiftright(F.col(ROW_ORDER), PARTITION_SHIFT)
-    counts = sorted((int(r["p"]), int(r["n"])) for r in
-                    test_day.groupBy(part.alias("p")).agg(F.count("*").alias("n")).collect())
-    n = sum(count for _, count in counts)
-    if n < 2:
-        raise ValueError(f"the test day has {n} rows; splitting it into test and validation needs at least 2")
-    half, before = n // 2, 0
-    for partition, count in counts:
-        if before + count > half:
-            rows = test_day.where(part == partition).select(ROW_ORDER).orderBy(ROW_ORDER)
-            return int(rows.offset(half - before).limit(1).collect()[0][ROW_ORDER]), n
-        before += count
-    raise AssertionError("unreachable: half < n")
+    group = F.shiftright(F.col(ROW_ORDER), PARTITION_SHIFT)
+    index = F.col(ROW_ORDER).bitwiseAND(F.lit(INDEX_MASK))
+    groups = sorted((int(r[SOURCE]), int(r[GROUP]), int(r["n"]), int(r["lo"]), int(r["hi"])) for r in
+                    window.groupBy(F.col(SOURCE), group.alias(GROUP))
+                    .agg(F.count("*").alias("n"), F.min(index).alias("lo"), F.max(index).alias("hi")).collect())
+    offsets, rows = [], {}
+    for source, part, n, lo, hi in groups:
+        if (lo, hi) != (0, n - 1):
+            raise ValueError(f"{paths[source]}: row_order of partition {part} is not dense ({n} rows, indexes "
+                             f"{lo}..{hi}): these day stats predate criteo_day_stats version 2; re-run "
+                             "criteo_ingest for the day to rewrite them")
+        offsets.append((source, part, rows.get(source, 0)))
+        rows[source] = rows.get(source, 0) + n
+    table = spark.createDataFrame(offsets, schema=f"{SOURCE} int, {GROUP} long, {OFFSET} long")
+    dense = (window.withColumn(GROUP, group).join(F.broadcast(table), on=[SOURCE, GROUP])
+             .withColumn(ROW_ORDER, index + F.col(OFFSET)).drop(GROUP, OFFSET))
+    return dense, rows
 
 
 def output_rows(df):
@@ -351,15 +364,21 @@ def build_frames(spark, args: argparse.Namespace, stats: dict[int, tuple[int, in
                                      args.dictionary_lookup, broadcast)
         return log_numericals(df), joins
 
-    train, joins = transform(read_days(spark, args.train_days))
+    paths = [*args.train_days, args.test_day]
+    window, rows = dense_row_order(spark, read_days(spark, paths), paths)
+    test_source = len(args.train_days)
+    train, joins = transform(window.where(F.col(SOURCE) < test_source))
     # A total order on a hash of (seed, day, row_order): a uniform shuffle that is identical on every run with the
     # same seed and inputs, whatever the partitioning (NVIDIA orders by rand(), which depends on it).
     shuffle_key = F.xxhash64(F.lit(args.seed), F.col(SOURCE), F.col(ROW_ORDER))
     train = train.orderBy(shuffle_key, SOURCE, ROW_ORDER)
-    test_day = read_days(spark, [args.test_day], first_source=len(args.train_days))
-    split, n = split_row_order(test_day)
+    n = rows.get(test_source, 0)
+    if n < 2:
+        raise ValueError(f"the test day has {n} rows; splitting it into test and validation needs at least 2")
+    split = n // 2  # dense row_order: test = the first floor(n/2) rows in file order
     log.info("test day: %d rows; test = %d rows before row_order %d, validation = %d rows", n, n // 2, split,
              n - n // 2)
+    test_day = window.where(F.col(SOURCE) == test_source)
     test, _ = transform(test_day.where(F.col(ROW_ORDER) < split))
     validation, _ = transform(test_day.where(F.col(ROW_ORDER) >= split))
     frames = {"train": train, "test": test.orderBy(ROW_ORDER), "validation": validation.orderBy(ROW_ORDER)}

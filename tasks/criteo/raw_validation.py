@@ -7,23 +7,31 @@ Output directory (criteo/validated/day=N):
 
 A day over budget still gets report.json and quarantine.jsonl (so a person can see what went wrong) but no
 manifest, and the task fails with one line naming the count, the budget and the first bad row's file/line/column.
+
+With a stats target (the arrow day-stats engine), the same pass also writes the day's criteo_day_stats output from
+the rows it has just parsed and found good (tasks/criteo/day_stats_arrow.py): published before the validation's
+manifest, so a completed validation implies complete stats, and not at all for a day over budget.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import time
 from collections import Counter
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tasks.criteo.schema import RAW_COLUMNS
 from tasks.criteo.raw_rows import RULE_TEXT, BadRow, check_block, iter_line_blocks
 from tasks.core.progress import ProgressLog
 from tasks.core.storage import Manifest, atomic_directory, write_manifest, write_text_atomic
 from tasks.core.validation import DataQualityError, gx_section
+
+if TYPE_CHECKING:
+    from tasks.criteo.day_stats_arrow import StatsTarget
 
 log = logging.getLogger(__name__)
 
@@ -57,8 +65,11 @@ def _reason_kind(bad: BadRow) -> str:
 
 
 def validate_raw_file(raw: Path, out: Path, *, inputs: dict[str, Any], budget: float,
-                      block_bytes: int = 64 << 20) -> ValidationSummary:
-    """Validate `raw` into `out` (replaced atomically). Raises DataQualityError when over budget."""
+                      block_bytes: int = 64 << 20, stats: StatsTarget | None = None) -> ValidationSummary:
+    """Validate `raw` into `out` (replaced atomically). Raises DataQualityError when over budget.
+
+    stats: also write the day's typed columnar copy and value counts there, from the good rows of this pass.
+    """
     start = time.monotonic()
     progress = ProgressLog(f"validating {raw.name}", total=raw.stat().st_size, unit="bytes", every_s=PROGRESS_EVERY_S, logger=log)
     total = bad_count = bytes_done = 0
@@ -66,29 +77,34 @@ def validate_raw_file(raw: Path, out: Path, *, inputs: dict[str, Any], budget: f
     first_bad: BadRow | None = None
     evidence: list[bytes] = []
     evidence_bad: list[bytes] = []
-    with atomic_directory(out) as tmp, open(tmp / "quarantine.jsonl", "w") as quarantine:
-        for first_line, block, skipped in iter_line_blocks(raw, block_bytes):
-            result = check_block(block, first_line) if block else None
-            bad_rows = skipped + (result.bad_rows if result else [])
-            total += len(skipped) + (result.lines if result else 0)
-            bytes_done += len(block) + sum(len(b.text) for b in skipped)
-            if len(evidence) < EVIDENCE_ROWS and block:
-                evidence += block.split(b"\n", EVIDENCE_ROWS - len(evidence))[: EVIDENCE_ROWS - len(evidence)]
-            for bad in bad_rows:
-                first_bad = first_bad or bad
-                reasons[_reason_kind(bad)] += 1
-                if bad_count < QUARANTINE_LIMIT:
-                    quarantine.write(json.dumps(asdict(bad) | {"file": raw.name, "column_name": column_name(bad)})
-                                     + "\n")
-                if len(evidence_bad) < EVIDENCE_BAD_ROWS:
-                    evidence_bad.append(bad.text.encode("utf-8", errors="replace"))
-                bad_count += 1
-            progress.report(bytes_done, note=f"{total} rows, {bad_count} bad")
-        quarantine.flush()
-        summary = _summarize(raw, total, bad_count, budget, first_bad, reasons)
+    with atomic_directory(out) as tmp:
+        with open(tmp / "quarantine.jsonl", "w") as quarantine, _stats_writer(stats) as stats_writer:
+            for first_line, block, skipped in iter_line_blocks(raw, block_bytes):
+                result = check_block(block, first_line, keep_good=stats_writer is not None) if block else None
+                if stats_writer is not None and result is not None and result.good_rows is not None:
+                    stats_writer.add(result.good_rows)
+                bad_rows = skipped + (result.bad_rows if result else [])
+                total += len(skipped) + (result.lines if result else 0)
+                bytes_done += len(block) + sum(len(b.text) for b in skipped)
+                if len(evidence) < EVIDENCE_ROWS and block:
+                    evidence += block.split(b"\n", EVIDENCE_ROWS - len(evidence))[: EVIDENCE_ROWS - len(evidence)]
+                for bad in bad_rows:
+                    first_bad = first_bad or bad
+                    reasons[_reason_kind(bad)] += 1
+                    if bad_count < QUARANTINE_LIMIT:
+                        quarantine.write(json.dumps(asdict(bad) | {"file": raw.name, "column_name": column_name(bad)})
+                                         + "\n")
+                    if len(evidence_bad) < EVIDENCE_BAD_ROWS:
+                        evidence_bad.append(bad.text.encode("utf-8", errors="replace"))
+                    bad_count += 1
+                progress.report(bytes_done, note=f"{total} rows, {bad_count} bad")
+            quarantine.flush()
+            summary = _summarize(raw, total, bad_count, budget, first_bad, reasons)
+            passed = total > 0 and summary.bad_fraction <= budget
+            if passed and stats_writer is not None:
+                stats_writer.finish(stats)  # published as this block ends: before the validation's manifest
         report = _report(raw, summary, budget, evidence + evidence_bad, time.monotonic() - start)
         write_text_atomic(tmp / "report.json", json.dumps(report, indent=2, default=str))
-        passed = total > 0 and summary.bad_fraction <= budget
         if passed:
             write_manifest(tmp, Manifest(kind="criteo_validated_day", inputs=inputs, rows=summary.rows,
                                          extra={"reasons": summary.reasons, "first_bad": summary.first_bad}))
@@ -98,6 +114,15 @@ def validate_raw_file(raw: Path, out: Path, *, inputs: dict[str, Any], budget: f
     if not passed:
         raise DataQualityError(_failure_line(raw, out, summary, budget))
     return summary
+
+
+def _stats_writer(stats: StatsTarget | None):
+    """The arrow day-stats writer for `stats` (a context: publishes only if finished), or none."""
+    if stats is None:
+        return contextlib.nullcontext(None)
+    from tasks.criteo.day_stats_arrow import day_stats_output
+
+    return day_stats_output(stats)
 
 
 def _summarize(raw: Path, total: int, bad: int, budget: float, first_bad: BadRow | None,

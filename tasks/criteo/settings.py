@@ -1,7 +1,11 @@
-"""Criteo's own settings: which logical date is day 0 and where raw days come from.
+"""Criteo's own settings: which logical date is day 0, where raw days come from, which engine writes day stats.
 
   RECFLOW_CRITEO_EPOCH     the logical date of Criteo day 0, ISO date (default 2026-01-01)
   RECFLOW_CRITEO_SOURCE    URL template of raw day files, with {day} (default: file://<data root>/criteo/source/day_{day})
+  RECFLOW_CRITEO_DAY_STATS_ENGINE  arrow | spark (default arrow): who writes a day's typed columnar copy and value
+                           counts. arrow: validate_raw writes them in the pass that checks the rows (the day is parsed
+                           once); spark: day_stats spark-submits spark_jobs/criteo/day_stats.py, which parses the day
+                           again (what runs on a Spark cluster). Both write the same dataset.
 """
 
 from __future__ import annotations
@@ -13,11 +17,17 @@ from pathlib import Path
 
 from tasks.core.config import DatasetSource
 
+DAY_STATS_ENGINES = ("arrow", "spark")
+
 
 @dataclass(frozen=True)
 class CriteoSettings(DatasetSource):
     epoch: date = date(2026, 1, 1)
     source: str = ""  # empty: the synthetic source folder under the data root
+    day_stats_engine: str = "arrow"  # one of DAY_STATS_ENGINES
+
+    def __post_init__(self) -> None:
+        check_day_stats_engine(self.day_stats_engine)
 
     def source_template(self, data_root: Path) -> str:
         if self.source:
@@ -37,7 +47,16 @@ def load_criteo_settings(env: dict[str, str] | None = None) -> CriteoSettings:
     return CriteoSettings(
         epoch=date.fromisoformat(env["RECFLOW_CRITEO_EPOCH"]) if env.get("RECFLOW_CRITEO_EPOCH") else date(2026, 1, 1),
         source=env.get("RECFLOW_CRITEO_SOURCE", ""),
+        day_stats_engine=check_day_stats_engine(env.get("RECFLOW_CRITEO_DAY_STATS_ENGINE") or "arrow",
+                                                "RECFLOW_CRITEO_DAY_STATS_ENGINE"),
     )
+
+
+def check_day_stats_engine(engine: str, setting: str = "day stats engine") -> str:
+    """The engine, if it is one of DAY_STATS_ENGINES; else a ValueError naming the setting it came from."""
+    if engine not in DAY_STATS_ENGINES:
+        raise ValueError(f"{setting} {engine!r}: expected one of {', '.join(DAY_STATS_ENGINES)}")
+    return engine
 
 
 def criteo_day_index(logical_date: date, epoch: date) -> int:

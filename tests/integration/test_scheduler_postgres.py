@@ -240,8 +240,11 @@ def test_backfill_four_days(cluster, api, shared):
     # Day 0 was ingested by the manual run: the backfill's day 0 found every output in place.
     assert "nothing to do" in api.task_log(INGEST, runs[0]["dag_run_id"], "day_stats")
     shared["backfill_run_ids"] = [r["dag_run_id"] for r in runs]
-    shared["spark_seconds"] = [ti["duration"] for run in runs[1:]
-                               for ti in api.task_instances(INGEST, run["dag_run_id"]) if ti["task_id"] == "day_stats"]
+    # The work of a day: validate_raw, which also writes the day stats (arrow engine); day_stats finds them.
+    shared["work_seconds"] = [ti["duration"] for run in runs[1:] for ti in api.task_instances(INGEST, run["dag_run_id"])
+                              if ti["task_id"] == "validate_raw"]
+    for run in runs[1:]:
+        assert "spark-submit" not in api.task_log(INGEST, run["dag_run_id"], "day_stats")
 
 
 def test_rerunning_the_backfill_is_cheap(cluster, api, shared):
@@ -261,11 +264,11 @@ def test_rerunning_the_backfill_is_cheap(cluster, api, shared):
             assert "nothing to do" in api.task_log(INGEST, run["dag_run_id"], task_id, 2)
         assert "spark-submit" not in api.task_log(INGEST, run["dag_run_id"], "day_stats", 2)
         rerun_seconds.extend(ti["duration"] for ti in tis.values())
-    first, spark_seconds = shared["backfill"], shared["spark_seconds"]
+    first, work_seconds = shared["backfill"], shared["work_seconds"]
     print(f"\nBACKFILL first: {_ts(first['completed_at']) - _ts(first['created_at'])}, "
-          f"rerun: {_ts(second['completed_at']) - _ts(second['created_at'])}; day_stats with Spark "
-          f"{[round(s, 1) for s in spark_seconds]} s, slowest cached task {max(rerun_seconds):.1f} s")
-    assert max(rerun_seconds) < min(spark_seconds)
+          f"rerun: {_ts(second['completed_at']) - _ts(second['created_at'])}; validate_raw + stats "
+          f"{[round(s, 1) for s in work_seconds]} s, slowest cached task {max(rerun_seconds):.1f} s")
+    assert max(rerun_seconds) < min(work_seconds)
     # A cached run is almost all orchestration: the clearest measure of Airflow's per-task cost here.
     print(f"SCHEDULER OVERHEAD criteo_ingest cached backfill run: "
           f"{json.dumps(scheduler_overhead(api, INGEST, rerun[1]['dag_run_id']))}")

@@ -53,6 +53,9 @@ def cluster(tmp_path_factory) -> Iterator[AirflowCluster]:
     shutil.copyfile(source / f"day_{CLEAN_DAY}", source / f"day_{CRASH_DAY}")  # same bytes: same outputs
     env = {"RECFLOW_DATA_ROOT": str(data), "RECFLOW_CRITEO_SOURCE": source.as_uri() + "/day_{day}",
            "RECFLOW_RETRY_DELAY_S": "1",
+           # The crash lands in day_stats' Spark job: the spark engine (the default arrow one writes the stats in
+           # validate_raw, and day_stats would only find them).
+           "RECFLOW_CRITEO_DAY_STATS_ENGINE": "spark",
            # Epoch = today (UTC): no data interval has ended yet, so unpausing creates no scheduled run for a day
            # without a source file; the only runs are the two this test triggers.
            "RECFLOW_CRITEO_EPOCH": datetime.now(timezone.utc).date().isoformat(),

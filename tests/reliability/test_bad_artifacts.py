@@ -232,7 +232,7 @@ def test_spark_job_crash_is_one_line_and_leaves_no_stats(tmp_path, good_lines, m
         "print('RECFLOW-ERROR: ValueError: day_0 has no column int_13')", "print('ValueError: day_0 ...')",
         "sys.exit(3)"]))
     with pytest.raises(SparkJobFailed) as caught:
-        day_stats(Settings(data_root=tmp_path), DAY)
+        day_stats(Settings(data_root=tmp_path), DAY, engine="spark")
     one_line(caught.value, "criteo/day_stats.py failed (exit 3): ValueError: day_0 has no column int_13")
     nothing_complete(criteo_layout.stats_day(tmp_path, DAY))
 
@@ -244,7 +244,7 @@ def test_unknown_spark_profile_starts_nothing(tmp_path, good_lines, monkeypatch)
     marker = tmp_path / "spark-ran"
     fake_spark_submit(tmp_path, monkeypatch, f"open({str(marker)!r}, 'w')")
     with pytest.raises(ValueError) as caught:
-        day_stats(Settings(data_root=tmp_path), DAY, spark_profile="turbo")
+        day_stats(Settings(data_root=tmp_path), DAY, engine="spark", spark_profile="turbo")
     one_line(caught.value, "unknown Spark profile 'turbo'; expected one of local, cluster, gpu")
     assert not marker.exists()
     nothing_complete(criteo_layout.stats_day(tmp_path, DAY))

@@ -117,9 +117,18 @@ def snapshot(golden: Golden, step: str, root: Path) -> None:
     shutil.copytree(root, golden.before[step], symlinks=True)
 
 
+# day_stats is killed inside its Spark job: the spark engine. (With the default arrow engine validate writes the
+# stats, and test_validate_killed_then_retried covers killing that.)
+STEP_ENV = {"day_stats": {"RECFLOW_CRITEO_DAY_STATS_ENGINE": "spark"}}
+
+
+def step_env(golden: Golden, step: str, root: Path) -> dict[str, str]:
+    return env_for(root, golden.source_template, STEP_ENV.get(step))
+
+
 def clean_step(golden: Golden, step: str, root: Path, spec: dict | None = None) -> Attempt:
     snapshot(golden, step, root)
-    attempt = run_clean(step, spec or golden.spec(step), env_for(root, golden.source_template), timeout=600)
+    attempt = run_clean(step, spec or golden.spec(step), step_env(golden, step, root), timeout=600)
     golden.clean[step] = attempt
     print(f"[clean] {step}: {attempt.seconds:.2f} s")
     return attempt
@@ -160,8 +169,8 @@ def golden(tmp_path_factory, http_source) -> Golden:
     criteo = CriteoSettings(source=template)
     for day in [*TRAIN_DAYS, TEST_DAY]:  # the unmeasured ingest steps run in-process: no interpreter start-ups
         download_day(settings, day, criteo=criteo)
-        validate_day(settings, day)
-    day_stats(settings, TEST_DAY, spark_master=SPARK)
+        validate_day(settings, day, engine="spark")  # no stats: the day_stats step writes them with Spark
+    day_stats(settings, TEST_DAY, engine="spark", spark_master=SPARK)
     clean_step(golden, "day_stats", root)
     for step in ("dictionary", "transform", "train", "evaluate"):
         clean_step(golden, step, root)
@@ -208,7 +217,7 @@ def kill_step(golden: Golden, step: str, seed: int, root: Path, *, clean_key: st
     fraction = kill_fraction(clean_key or step, seed)
     span = clean.ended - clean.time_of(anchor)
     for tries in range(KILL_TRIES):
-        child = StepProcess(step, spec or golden.spec(step), env or env_for(root, golden.source_template))
+        child = StepProcess(step, spec or golden.spec(step), env or step_env(golden, step, root))
         started = child.wait_for_line(anchor, timeout=300)
         killed = child.kill_at(started + fraction * span)
         if killed.killed_pids:
@@ -230,7 +239,7 @@ def kill_step(golden: Golden, step: str, seed: int, root: Path, *, clean_key: st
 
 
 def retry(golden: Golden, step: str, root: Path, spec: dict | None = None, env: dict | None = None) -> Attempt:
-    attempt = run_clean(step, spec or golden.spec(step), env or env_for(root, golden.source_template), timeout=600)
+    attempt = run_clean(step, spec or golden.spec(step), env or step_env(golden, step, root), timeout=600)
     assert_nothing_partial_marked_complete(root)
     return attempt
 
@@ -319,6 +328,10 @@ def test_validate_killed_then_retried(golden, http_source, tmp_path, seed):
     got, want = normalised_manifest(out, root), normalised_manifest(clean_out, golden.ingest_root)
     got["files"].pop("report.json"), want["files"].pop("report.json")
     assert got == want
+    # The day stats validate wrote in the same pass (arrow engine): complete, and byte for byte the clean run's.
+    stats, clean_stats = criteo_layout.stats_day(root, BIG_DAY), criteo_layout.stats_day(golden.ingest_root, BIG_DAY)
+    assert manifest_content(stats)["rows"] == {"good": BIG_ROWS - bad_rows}
+    assert normalised_manifest(stats, root) == normalised_manifest(clean_stats, golden.ingest_root)
 
 
 def report_content(directory: Path) -> dict:

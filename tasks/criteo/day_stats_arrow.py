@@ -1,0 +1,314 @@
+"""criteo_day_stats written by pyarrow from the good rows validation has already parsed: the day is parsed once.
+
+The output is the dataset spark_jobs/criteo/day_stats.py writes, field for field (type and nullability):
+  columnar/part-NNNNN.parquet  label int8, int_* int64, cat_* string (empty -> null), row_order int64 not null =
+                               the good row's dense index in file order (0..good-1). One row group per validation
+                               block; a new part file every `blocks_per_part` blocks.
+  counts/part-00000.parquet    column int32 not null (categorical index 0..25), value string, count int64 not null;
+                               one row per (column, value) seen; missing values are not counted.
+  _MANIFEST.json               kind criteo_day_stats, rows.good, extra.day / distinct_values / engine = "arrow".
+
+Memory is bounded by one block, whatever the day's size. A categorical value is 8 lowercase hex characters, so a
+(column, value) pair is one uint64 key, column << 32 | int(value, 16). Each block's keys are counted with numpy; the
+(key, count) pairs pile up to a bounded buffer, which is then combined and spilled, split by a hash of the key into
+bucket files inside the output's temporary directory. At the end each bucket is combined on its own (one bucket in
+memory at a time) and appended to the counts file.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import shutil
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from spark_jobs.criteo.day_stats import COLUMNAR, COUNTS, ROW_ORDER
+from tasks.core.progress import ProgressLog
+from tasks.core.storage import Manifest, atomic_directory, write_manifest
+from tasks.criteo.raw_rows import check_block, iter_line_blocks
+from tasks.criteo.schema import CAT_COLUMNS, INT_COLUMNS, LABEL
+
+log = logging.getLogger(__name__)
+
+ENGINE = "arrow"
+BLOCKS_PER_PART = 16          # 64 MiB TSV blocks: parts of ~300 MB of parquet
+SPILL_BUFFER_PAIRS = 1 << 23  # (key, count) pairs held before a spill: 8Mi x 16 bytes = 128 MiB
+SPILL_BUCKETS = 256           # a real day's spill (~10-20 GB) is combined 1/256 at a time
+COUNTS_ROW_GROUP = 1 << 20
+SPILL_DIR = "_spill"
+_SPILL_PAIR = np.dtype([("key", "<u8"), ("count", "<u4")])  # a spill holds at most one buffer's rows per pair
+_HASH_MULTIPLIER = np.uint64(0x9E3779B97F4A7C15)  # Fibonacci hashing: spreads the column bits over the buckets
+_HEX_DIGITS = np.frombuffer(b"0123456789abcdef", dtype=np.uint8)
+_HEX_VALUE = np.zeros(256, dtype=np.uint8)
+_HEX_VALUE[_HEX_DIGITS] = np.arange(16, dtype=np.uint8)
+
+COLUMNAR_SCHEMA = pa.schema(
+    [pa.field(LABEL, pa.int8())]
+    + [pa.field(name, pa.int64()) for name in INT_COLUMNS]
+    + [pa.field(name, pa.string()) for name in CAT_COLUMNS]
+    + [pa.field(ROW_ORDER, pa.int64(), nullable=False)]
+)
+COUNTS_SCHEMA = pa.schema([pa.field("column", pa.int32(), nullable=False), pa.field("value", pa.string()),
+                           pa.field("count", pa.int64(), nullable=False)])
+
+
+@dataclass(frozen=True)
+class StatsTarget:
+    """Where one day's stats go (layout.stats_day) and what their manifest records as inputs."""
+
+    path: Path
+    day: int
+    inputs: dict[str, Any]
+
+
+# ---- one block of good rows -> typed columns and categorical keys --------------------------------------------------
+
+
+def _binary_parts(column: pa.ChunkedArray | pa.Array) -> tuple[np.ndarray, np.ndarray]:
+    """(offsets rebased to 0, value bytes) of a binary column, without copying the bytes."""
+    array = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+    _, offsets_buffer, data_buffer = array.buffers()
+    offsets = np.frombuffer(offsets_buffer, dtype=np.int32)[array.offset: array.offset + len(array) + 1]
+    data = np.frombuffer(data_buffer, dtype=np.uint8) if data_buffer is not None else np.empty(0, np.uint8)
+    return offsets - offsets[0], data[offsets[0]: offsets[-1]]
+
+
+def _nullable_strings(offsets: np.ndarray, data: np.ndarray) -> tuple[pa.Array, np.ndarray]:
+    """The values as a string array with empty -> null (Spark's empty_to_null), and the mask of present values."""
+    present = offsets[1:] != offsets[:-1]
+    validity = pa.py_buffer(np.packbits(present, bitorder="little"))
+    array = pa.Array.from_buffers(pa.string(), len(present), [validity, pa.py_buffer(offsets), pa.py_buffer(data)],
+                                  null_count=len(present) - int(np.count_nonzero(present)))
+    return array, present
+
+
+def hex_keys(data: np.ndarray, column: int) -> np.ndarray:
+    """uint64 keys column << 32 | value of a run of 8-hex-character values (their bytes back to back)."""
+    nibbles = _HEX_VALUE[data].reshape(-1, 8)
+    packed = (nibbles[:, 0::2] << 4) | nibbles[:, 1::2]
+    values = np.ascontiguousarray(packed).view(">u4").reshape(-1)
+    return values.astype(np.uint64) | np.uint64(column << 32)
+
+
+def hex_strings(values: np.ndarray) -> pa.Array:
+    """uint32 values as 8 lowercase hex characters each (the inverse of hex_keys' value part)."""
+    shifts = np.arange(28, -1, -4, dtype=np.uint32)
+    chars = _HEX_DIGITS[(values.astype(np.uint32)[:, None] >> shifts) & np.uint32(0xF)]
+    offsets = np.arange(0, 8 * len(values) + 1, 8, dtype=np.int32)
+    return pa.Array.from_buffers(pa.string(), len(values), [None, pa.py_buffer(offsets), pa.py_buffer(chars)])
+
+
+def typed_block(good: pa.Table, first_row: int) -> tuple[pa.Table, np.ndarray]:
+    """The good rows (40 binary columns, as check_block keeps them) typed as the Spark job types them, numbered from
+    `first_row`; and the (column, value) keys of their categoricals."""
+    arrays: list[pa.Array] = []
+    offsets, data = _binary_parts(good.column(LABEL))
+    if len(data) != good.num_rows:
+        raise ValueError("label values must be one character each; the rows were not validated")
+    arrays.append(pa.array((data - ord("0")).astype(np.int8)))
+    for name in INT_COLUMNS:
+        strings, _ = _nullable_strings(*_binary_parts(good.column(name)))
+        arrays.append(pc.cast(strings, pa.int64()))
+    keys = []
+    for index, name in enumerate(CAT_COLUMNS):
+        offsets, data = _binary_parts(good.column(name))
+        strings, present = _nullable_strings(offsets, data)
+        if len(data) != 8 * int(np.count_nonzero(present)) or np.any(np.diff(offsets)[present] != 8):
+            raise ValueError(f"{name} holds values that are not 8 characters; the rows were not validated")
+        arrays.append(strings)
+        keys.append(hex_keys(data, index))
+    arrays.append(pa.array(np.arange(first_row, first_row + good.num_rows, dtype=np.int64)))
+    return pa.Table.from_arrays(arrays, schema=COLUMNAR_SCHEMA), np.concatenate(keys)
+
+
+# ---- exact counts in bounded memory --------------------------------------------------------------------------------
+
+
+def combine(keys: np.ndarray, counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Sorted distinct keys and the (uint64) sum of each one's counts."""
+    if len(keys) == 0:
+        return keys.astype(np.uint64), counts.astype(np.uint64)
+    order = np.argsort(keys, kind="stable")
+    keys, counts = keys[order], counts[order].astype(np.uint64)
+    starts = np.flatnonzero(np.concatenate(([True], keys[1:] != keys[:-1])))
+    return keys[starts], np.add.reduceat(counts, starts)
+
+
+class KeyCounter:
+    """Exact counts of uint64 keys: a bounded buffer of (key, count) pairs, spilled by key hash into bucket files."""
+
+    def __init__(self, spill_dir: Path, *, buffer_pairs: int = SPILL_BUFFER_PAIRS, buckets: int = SPILL_BUCKETS):
+        if buckets & (buckets - 1) or not 2 <= buckets <= 1 << 16:
+            raise ValueError(f"buckets={buckets}: expected a power of two from 2 to 65536")
+        self.spill_dir, self.buffer_pairs, self.buckets = spill_dir, buffer_pairs, buckets
+        self._keys: list[np.ndarray] = []
+        self._counts: list[np.ndarray] = []
+        self._buffered = 0
+        self.spilled_pairs = 0
+
+    def add(self, keys: np.ndarray) -> None:
+        import pandas as pd
+
+        # pandas' hash table: ~4x faster than np.unique's sort on a block's ~5M keys
+        codes, distinct = pd.factorize(keys)
+        counts = np.bincount(codes, minlength=len(distinct))
+        self._keys.append(np.asarray(distinct, dtype=np.uint64))
+        self._counts.append(counts.astype(np.uint32))
+        self._buffered += len(distinct)
+        if self._buffered >= self.buffer_pairs:
+            self._spill()
+
+    def _combined_buffer(self) -> tuple[np.ndarray, np.ndarray]:
+        keys, counts = combine(np.concatenate(self._keys or [np.empty(0, np.uint64)]),
+                               np.concatenate(self._counts or [np.empty(0, np.uint32)]))
+        self._keys, self._counts, self._buffered = [], [], 0
+        return keys, counts
+
+    def _bucket_of(self, keys: np.ndarray) -> np.ndarray:
+        bits = self.buckets.bit_length() - 1
+        return ((keys * _HASH_MULTIPLIER) >> np.uint64(64 - bits)).astype(np.uint16)
+
+    def _spill(self) -> None:
+        keys, counts = self._combined_buffer()
+        if counts.size and counts.max() > np.iinfo(np.uint32).max:
+            raise OverflowError("a spill buffer counted one key more than 2**32 times; lower buffer_pairs")
+        pairs = np.empty(len(keys), dtype=_SPILL_PAIR)
+        pairs["key"], pairs["count"] = keys, counts
+        bucket = self._bucket_of(keys)
+        order = np.argsort(bucket, kind="stable")
+        bounds = np.searchsorted(bucket[order], np.arange(self.buckets + 1))
+        self.spill_dir.mkdir(parents=True, exist_ok=True)
+        for b in np.flatnonzero(np.diff(bounds)):
+            with open(self.spill_dir / f"bucket-{b:05d}", "ab") as f:
+                pairs[order[bounds[b]:bounds[b + 1]]].tofile(f)
+        self.spilled_pairs += len(pairs)
+
+    def totals(self) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        """(sorted distinct keys, uint64 counts), one bucket at a time (one piece when nothing was spilled)."""
+        if self.spilled_pairs == 0:
+            yield self._combined_buffer()
+            return
+        self._spill()
+        for b in range(self.buckets):
+            path = self.spill_dir / f"bucket-{b:05d}"
+            if path.exists():
+                pairs = np.fromfile(path, dtype=_SPILL_PAIR)
+                path.unlink()
+                yield combine(pairs["key"], pairs["count"])
+
+
+# ---- the writer ----------------------------------------------------------------------------------------------------
+
+
+class DayStatsWriter:
+    """Streams blocks of good rows into columnar/ and the counts; finish() writes counts/ and the manifest."""
+
+    def __init__(self, directory: Path, *, blocks_per_part: int = BLOCKS_PER_PART,
+                 spill_buffer_pairs: int = SPILL_BUFFER_PAIRS, spill_buckets: int = SPILL_BUCKETS):
+        self.directory, self.blocks_per_part = directory, blocks_per_part
+        (directory / COLUMNAR).mkdir()
+        self.counter = KeyCounter(directory / SPILL_DIR, buffer_pairs=spill_buffer_pairs, buckets=spill_buckets)
+        self.rows = self.blocks = self.parts = 0
+        self.finished = False
+        self._part: pq.ParquetWriter | None = None
+        self._started = time.monotonic()
+
+    def add(self, good: pa.Table) -> None:
+        """Append one block's good rows (binary columns, file order) to the day."""
+        if good.num_rows == 0:
+            return
+        table, keys = typed_block(good, self.rows)
+        if self._part is None or self.blocks % self.blocks_per_part == 0:
+            self._close_part()
+            self._part = pq.ParquetWriter(self.directory / COLUMNAR / f"part-{self.parts:05d}.parquet",
+                                          COLUMNAR_SCHEMA, compression="snappy")
+            self.parts += 1
+        self._part.write_table(table, row_group_size=max(table.num_rows, 1))
+        self.counter.add(keys)
+        self.rows += table.num_rows
+        self.blocks += 1
+
+    def _close_part(self) -> None:
+        if self._part is not None:
+            self._part.close()
+            self._part = None
+
+    def close(self) -> None:
+        self._close_part()
+
+    def finish(self, target: StatsTarget) -> Manifest:
+        """Close the columnar copy, write counts/ and the manifest: the output is then complete (not yet published)."""
+        self._close_part()
+        if self.parts == 0:  # a day without good rows still has a readable (empty) columnar copy
+            pq.write_table(COLUMNAR_SCHEMA.empty_table(), self.directory / COLUMNAR / "part-00000.parquet")
+        per_column = np.zeros(len(CAT_COLUMNS), dtype=np.int64)
+        (self.directory / COUNTS).mkdir()
+        with pq.ParquetWriter(self.directory / COUNTS / "part-00000.parquet", COUNTS_SCHEMA,
+                              compression="snappy") as counts_file:
+            pending: list[pa.Table] = []
+            for keys, counts in self.counter.totals():
+                columns = (keys >> np.uint64(32)).astype(np.int32)
+                per_column += np.bincount(columns, minlength=len(CAT_COLUMNS))
+                pending.append(pa.Table.from_arrays(
+                    [pa.array(columns), hex_strings(keys & np.uint64(0xFFFFFFFF)), pa.array(counts.astype(np.int64))],
+                    schema=COUNTS_SCHEMA))
+                if sum(t.num_rows for t in pending) >= COUNTS_ROW_GROUP:
+                    counts_file.write_table(pa.concat_tables(pending), row_group_size=COUNTS_ROW_GROUP)
+                    pending = []
+            if pending:
+                counts_file.write_table(pa.concat_tables(pending), row_group_size=COUNTS_ROW_GROUP)
+        shutil.rmtree(self.directory / SPILL_DIR, ignore_errors=True)
+        distinct = {name: int(per_column[i]) for i, name in enumerate(CAT_COLUMNS)}
+        manifest = write_manifest(self.directory, Manifest(
+            kind="criteo_day_stats", inputs=target.inputs, rows={"good": self.rows},
+            extra={"day": target.day, "distinct_values": distinct, "engine": ENGINE}))
+        self.finished = True
+        log.info("day %d stats (arrow): %d rows in %d part files, %d distinct values, %d pairs spilled, %.1f s",
+                 target.day, self.rows, max(self.parts, 1), int(per_column.sum()), self.counter.spilled_pairs,
+                 time.monotonic() - self._started)
+        return manifest
+
+
+@contextlib.contextmanager
+def day_stats_output(target: StatsTarget, **writer_options: int) -> Iterator[DayStatsWriter]:
+    """A writer into a temporary sibling of target.path that replaces it when the block ends, if finish() was called.
+    Otherwise (a day over its bad-row budget, an error) nothing is published and the temporary is removed."""
+    class NotFinished(Exception):
+        pass
+
+    with contextlib.suppress(NotFinished), atomic_directory(target.path) as tmp:
+        writer = DayStatsWriter(tmp, **writer_options)
+        try:
+            yield writer
+        finally:
+            writer.close()
+        if not writer.finished:
+            raise NotFinished
+
+
+def write_day_stats(raw: Path, target: StatsTarget, *, block_bytes: int = 64 << 20,
+                    **writer_options: int) -> Manifest:
+    """The day's stats alone (no quarantine, no report): the recovery path for a day validated before validation
+    wrote them. Parses the raw day again and keeps exactly the rows validation calls good."""
+    progress = ProgressLog(f"day {target.day} stats from {raw.name}", total=raw.stat().st_size, unit="bytes",
+                           every_s=10.0, logger=log)
+    done = 0
+    with day_stats_output(target, **writer_options) as writer:
+        for first_line, block, skipped in iter_line_blocks(raw, block_bytes):
+            if block:
+                result = check_block(block, first_line, keep_good=True)
+                if result.good_rows is not None:
+                    writer.add(result.good_rows)
+            done += len(block) + sum(len(bad.text) for bad in skipped)
+            progress.report(done, note=f"{writer.rows} good rows")
+        manifest = writer.finish(target)
+    return manifest
