@@ -304,8 +304,12 @@ def test_the_four_day_backfill_started_exactly_one_retrain_on_the_complete_windo
     assert "days 1-2 + test day 3 have all landed" in run["conf"]["reason"]
     assert run["note"].startswith("Retrain on days 1-2, test day 3. Why: criteo_ingest run ")
     gates = [api.task_log(INGEST, run_id, "retrain_gate", 1) for run_id in shared["backfill_run_ids"]]
-    assert sum("triggering criteo_dlrm run retrain__test_3__train_1-2" in log for log in gates) <= 1
-    assert any("still in flight; the last run to finish decides" in log for log in gates), gates
+    asked = ["triggering criteo_dlrm run retrain__test_3__train_1-2" in log for log in gates]
+    waited = ["still in flight; the last run to finish decides" in log for log in gates]
+    # Which gates wait depends on how the four runs interleave (a day's work is seconds with the arrow engine, so
+    # several runs can reach their gate with no day_stats left in flight): every gate either waited for a day still
+    # in flight or asked for this one window's run, and gates asking at once still got the one run listed above.
+    assert any(asked) and all(a or w for a, w in zip(asked, waited)), gates
     # The training DAG was paused: its run waited. Unpaused, it starts on that window with the deployment's profile
     # (RECFLOW_PROFILE=demo in this cluster) on its RECFLOW_TRAIN_DEVICE / RECFLOW_TRAIN_NPROC.
     api.set_paused(DLRM, False)
