@@ -268,7 +268,9 @@ def test_rerunning_the_backfill_is_cheap(cluster, api, shared):
     print(f"\nBACKFILL first: {_ts(first['completed_at']) - _ts(first['created_at'])}, "
           f"rerun: {_ts(second['completed_at']) - _ts(second['created_at'])}; validate_raw + stats "
           f"{[round(s, 1) for s in work_seconds]} s, slowest cached task {max(rerun_seconds):.1f} s")
-    assert max(rerun_seconds) < min(work_seconds)
+    # No timing assertion: with the arrow engine a 2,000-row day's real work (validate_raw + stats) is about as
+    # short as a cached task's start-up, so comparing them would be a coin toss under load. That nothing was redone
+    # is asserted above from each task's own log; the durations are printed as the measurement.
     # A cached run is almost all orchestration: the clearest measure of Airflow's per-task cost here.
     print(f"SCHEDULER OVERHEAD criteo_ingest cached backfill run: "
           f"{json.dumps(scheduler_overhead(api, INGEST, rerun[1]['dag_run_id']))}")
