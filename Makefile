@@ -31,9 +31,12 @@ $(STAMP): requirements.txt pyproject.toml
 	@touch $(STAMP)
 
 # Every tier that runs on a CPU machine: unit, spark, dag integrity, e2e (dag.test), integration, reliability,
-# browser (the Airflow UI in Chromium; browser-deps installs its tools).
+# browser (the Airflow UI in Chromium; browser-deps installs its tools). Two lanes side by side (tests/conftest.py):
+# the integration and browser tests, which mostly wait on the services they start, next to everything else.
+# TEST_LANES= runs one lane.
+TEST_LANES ?= -n 2 --dist loadgroup
 test: venv browser-deps
-	$(AIRFLOW_ENV) && $(PY) -m pytest -m "not gpu" $(PYTEST_ARGS)
+	$(AIRFLOW_ENV) && $(PY) -m pytest -m "not gpu" $(TEST_LANES) $(PYTEST_ARGS)
 
 test-fast: venv
 	$(AIRFLOW_ENV) && $(PY) -m pytest -m "not gpu and not e2e and not integration and not slow and not browser" $(PYTEST_ARGS)

@@ -57,3 +57,18 @@ def spark():
             os.environ.pop(name, None)
         else:
             os.environ[name] = value
+
+
+# `make test` runs two lanes side by side (pytest-xdist, --dist loadgroup): the tests that mostly wait on
+# services they start (integration: Airflow schedulers, PostgreSQL, Redis, a Spark cluster; browser: an Airflow
+# api-server and Chromium) in one worker, everything else in the other, each lane in file order. Each of those
+# tests starts its own services on free ports with its own AIRFLOW_HOME and database, so the lanes share nothing
+# but the cores. A plain `pytest` (no -n) ignores the groups.
+IO_LANE_MARKERS = ("integration", "browser")
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        lane = "io" if any(item.get_closest_marker(name) for name in IO_LANE_MARKERS) else "main"
+        item.add_marker(pytest.mark.xdist_group(lane))
