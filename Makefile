@@ -78,3 +78,21 @@ lock: venv
 
 clean:
 	rm -rf .airflow data build
+
+# NVTabular 23.08's own environment (DESIGN.md "Environments"): numpy 1.26 / pandas 1.5 / pyarrow 14 / dask 2023.7,
+# which cannot share .venv. Built on demand and stamped like .venv; never imported by Airflow or the main
+# environment (tasks run its interpreter as a child process). Ends with a smoke run of a CPU workflow.
+NVT_VENV := .venv-nvtabular
+NVT_PY := $(NVT_VENV)/bin/python
+NVT_STAMP := $(NVT_VENV)/.installed
+.PHONY: nvt-env
+
+nvt-env: $(NVT_STAMP)
+
+$(NVT_STAMP): requirements-nvtabular.txt
+	@test -x $(NVT_PY) || $(PYTHON) -m venv $(NVT_VENV)
+	$(NVT_PY) -m pip install --quiet --disable-pip-version-check "pip<26.3"
+	$(NVT_PY) -m pip install --quiet --disable-pip-version-check -r requirements-nvtabular.txt
+	$(NVT_PY) -m pip check
+	$(NVT_PY) scripts/nvt_smoke.py
+	@touch $(NVT_STAMP)
