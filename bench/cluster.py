@@ -92,49 +92,55 @@ def _sample(root: Path, repeat: int, master: str, profile: str) -> dict[str, flo
     return seconds
 
 
-def measure(repeats: int) -> dict[str, Any]:
-    """Start a standalone cluster, run every job `repeats` times on each side (interleaved); samples, medians and
-    paired ratios against local[*], the cluster's start-up, and what else used the machine meanwhile."""
+def measure(repeats: int, sides: tuple[str, ...] = tuple(SIDES)) -> dict[str, Any]:
+    """Start a standalone cluster, run every job `repeats` times on each of `sides` (interleaved; `local` is always
+    one); samples, medians and paired ratios against local[*], the cluster's start-up, and what else used the
+    machine meanwhile."""
     from tests.spark_cluster import spark_standalone
 
     if repeats < 1:
         raise ValueError(f"repeats {repeats}: at least 1")
-    samples: dict[str, dict[str, list[float]]] = {side: {job: [] for job in JOBS} for side in SIDES}
+    if "local" not in sides or set(sides) - set(SIDES):
+        raise ValueError(f"sides {sides}: 'local' and any of {sorted(SIDES)}")
+    profiles = {side: SIDES[side] for side in SIDES if side in sides}
+    samples: dict[str, dict[str, list[float]]] = {side: {job: [] for job in JOBS} for side in profiles}
     load_before = load_average()
     with tempfile.TemporaryDirectory(prefix="recflow-bench-cluster-") as tmp, OtherWork() as other:
         work = Path(tmp)
         _prepare(work / "base")
-        roots = {side: work / side for side in SIDES}
+        roots = {side: work / side for side in profiles}
         for root in roots.values():
             shutil.copytree(work / "base", root)
         started = time.monotonic()
         with spark_standalone(work / "spark", cores=2, memory="2g") as cluster, _driver_host("127.0.0.1"):
             startup_s = time.monotonic() - started
             masters = {"local": "local[*]", "cluster": cluster.master_url, "cluster_profile": cluster.master_url}
-            sides = list(SIDES)
+            order = list(profiles)
             for repeat in range(repeats):
-                for side in sides[repeat % len(sides):] + sides[:repeat % len(sides)]:
-                    seconds = _sample(roots[side], repeat, masters[side], SIDES[side])
+                for side in order[repeat % len(order):] + order[:repeat % len(order)]:
+                    seconds = _sample(roots[side], repeat, masters[side], profiles[side])
                     for job in JOBS:
                         samples[side][job].append(round(seconds[job], 3))
                     log.info("  cluster bench repeat %d %s: %s", repeat + 1, side,
                              ", ".join(f"{job} {seconds[job]:.1f} s" for job in JOBS))
             applications = len(cluster.applications())
-    expected_apps = 2 * repeats * len(JOBS)  # the two cluster sides' jobs, nothing from local
+    expected_apps = (len(profiles) - 1) * repeats * len(JOBS)  # the cluster sides' jobs, nothing from local
     if applications != expected_apps:
         raise RuntimeError(f"the master ran {applications} applications, expected {expected_apps}")
     return {"rows_per_day": ROWS, "repeats": repeats, "worker": {"cores": 2, "memory": "2g"},
-            "profiles": dict(SIDES), "cluster_startup_s": round(startup_s, 2), "samples": samples,
-            "medians": {side: {job: Stat.of(samples[side][job]).median for job in JOBS} for side in SIDES},
+            "profiles": profiles, "cluster_startup_s": round(startup_s, 2), "samples": samples,
+            "medians": {side: {job: Stat.of(samples[side][job]).median for job in JOBS} for side in profiles},
             "ratios_vs_local": {side: {job: round(paired_ratio(samples[side][job], samples["local"][job]).median, 3)
-                                       for job in JOBS} for side in SIDES if side != "local"},
+                                       for job in JOBS} for side in profiles if side != "local"},
             "load_average": {"before": load_before, "after": load_average()}, "other_work": other.summary()}
 
 
 def figures(raw: dict[str, Any]) -> list[Figure]:
-    """Per job: the cluster's time against local[*]'s (paired), for both cluster sides."""
+    """Per job: the cluster's time against local[*]'s (paired), for each cluster side measured."""
     rows = []
     for side, what in (("cluster", "same conf"), ("cluster_profile", "cluster profile")):
+        if side not in raw["samples"]:
+            continue
         for job in JOBS:
             cluster, local = raw["samples"][side][job], raw["samples"]["local"][job]
             rows.append(Figure(SECTION, f"{job} on a standalone cluster ({what}), {raw['rows_per_day']} rows/day",

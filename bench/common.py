@@ -65,15 +65,15 @@ class Mode:
 
 
 # NVIDIA's DLRM sizes in both modes (bottom 512-256-128, top 1024-1024-512-256-1, embedding dim 128). quick must
-# finish in < 10 min on 2 cores: its cost is spark-submits (~20-30 s of fixed start-up each, 3 day_stats + 2 x 2
-# preprocessing jobs) and the training launches (~25-40 s each at these sizes: 2 repeats x (2 trainer + 2 TorchRec
-# runs + 1 ceiling process)). quick's TorchRec variant per process count is the fastest of a survey of all of them
+# finish in < 10 min on 2 cores: its cost is spark-submits (~20-30 s of fixed start-up each: 2 x 2 preprocessing
+# jobs, 2 in the end-to-end run, 6 on the cluster figure), the end-to-end run's 3M rows, and the training launches
+# (~20-35 s each at these sizes: 2 repeats x (2 trainer + 2 TorchRec runs + 1 ceiling process), 20 timed steps). quick's TorchRec variant per process count is the fastest of a survey of all of them
 # (5 + 40 steps, one run each, samples/s: 1 x 2 fused 7,185, dmp 6,782, plain 6,633; 2 x 1 dmp 7,041, plain 6,135);
 # --full measures every variant every time. The 4- and 8-day windows are --full's.
 NVIDIA_BOTTOM_MLP = (512, 256, 128)
 NVIDIA_TOP_MLP = (1024, 1024, 512, 256, 1)
 QUICK = Mode("quick", 50_000, (1, 2), repeats=3, spark_repeats=1, loader_rows=1_000_000,
-             train=TrainShape(4096, NVIDIA_BOTTOM_MLP, NVIDIA_TOP_MLP, lr=1.0, warmup_steps=5, measured_steps=25,
+             train=TrainShape(4096, NVIDIA_BOTTOM_MLP, NVIDIA_TOP_MLP, lr=1.0, warmup_steps=5, measured_steps=20,
                               log_every_steps=5, repeats=2, peer_variants={1: ("fused",), 2: ("dmp",)}))
 FULL = Mode("full", 500_000, (1, 2, 4, 8), repeats=3, spark_repeats=3, loader_rows=4_000_000,
             train=TrainShape(4096, NVIDIA_BOTTOM_MLP, NVIDIA_TOP_MLP, lr=1.0, warmup_steps=5, measured_steps=40,
