@@ -127,15 +127,17 @@ def test_gpu_profile_adds_rapids(monkeypatch: pytest.MonkeyPatch, tmp_path: Path
     assert option(argv, "--jars") == "/opt/rapids.jar"
 
 
-@pytest.mark.parametrize("version", ["4.2.0", "4.1.2", "3.2.4", "4.3.0"])
+# RAPIDS Accelerator 26.08.1 ships shims for 3.3.0-3.3.4, 3.4.0-3.4.4, 3.5.0-3.5.9, 4.0.0-4.0.4, 4.1.1-4.1.3, 4.2.0:
+# a range check would wrongly accept 4.1.0 (no shim) between supported versions.
+@pytest.mark.parametrize("version", ["4.1.0", "4.2.1", "3.2.4", "4.3.0", "3.5.10"])
 def test_gpu_profile_refuses_a_spark_the_rapids_accelerator_does_not_support(version: str) -> None:
     submit = SparkSubmit("job.py", [], profile="gpu", rapids_jar="/opt/rapids.jar", spark_version=version)
-    with pytest.raises(ValueError, match=rf"RAPIDS Accelerator supports \(3.3.0 to 4.1.1\); this environment has "
-                                         rf"Spark {re.escape(version)}: pin pyspark"):
+    with pytest.raises(ValueError, match=rf"RAPIDS Accelerator 26.08.1 supports \(3.3.0-3.3.4, .*, 4.1.1-4.1.3, "
+                                         rf"4.2.0\); this environment has Spark {re.escape(version)}: pin pyspark"):
         submit.argv()
 
 
-@pytest.mark.parametrize("version", ["4.1.1", "4.0.2", "3.5.6", "3.3.0"])
+@pytest.mark.parametrize("version", ["4.1.1", "4.2.0", "4.0.4", "3.5.9", "3.3.0"])
 def test_gpu_profile_accepts_supported_sparks(version: str) -> None:
     argv = SparkSubmit("job.py", [], profile="gpu", rapids_jar="/opt/rapids.jar", spark_version=version).argv()
     assert "/opt/rapids.jar" in argv
@@ -149,12 +151,14 @@ def test_the_pinned_spark_is_one_the_gpu_profile_can_run() -> None:
 
 def test_gpu_profile_without_jar_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("RECFLOW_RAPIDS_JAR", raising=False)
-    with pytest.raises(ValueError, match=r"gpu Spark profile needs the RAPIDS Accelerator jar: set RECFLOW_RAPIDS_JAR"):
+    with pytest.raises(ValueError, match=r"gpu Spark profile needs the RAPIDS Accelerator jar: set RECFLOW_RAPIDS_JAR"
+                                         r" \(Maven Central: https://repo1.maven.org/maven2/com/nvidia/"):
         SparkSubmit("job.py", [], profile="gpu").argv()
 
 
 def test_unknown_profile() -> None:
-    with pytest.raises(ValueError, match=r"unknown Spark profile 'tpu'; expected one of local, cluster, gpu"):
+    with pytest.raises(ValueError, match=r"unknown Spark profile 'tpu'; expected one of local, cluster, gpu, "
+                                         r"gpu-explain$"):
         SparkSubmit("job.py", [], profile="tpu").argv()
 
 

@@ -50,9 +50,9 @@ LEFT JOIN (SELECT value, clicks, views FROM ctr_counts WHERE feature = 'campaign
 LEFT JOIN similarity s ON s.document_id = j.document_id AND s.document_id_promo = j.document_id_promo
 LEFT JOIN document_lists l ON l.document_id = j.document_id
 LATERAL VIEW inline(array(struct(
-  CASE WHEN floor((j.timestamp + 1465876799998 - unix_millis(j.publish_time)) / 86400000) BETWEEN 0 AND 3650
-       THEN floor((j.timestamp + 1465876799998 - unix_millis(j.publish_time)) / 86400000) END AS publish_time_days,
-  CASE WHEN floor((j.timestamp + 1465876799998 - unix_millis(j.publish_time_promo)) / 86400000) BETWEEN 0 AND 3650
-       THEN floor((j.timestamp + 1465876799998 - unix_millis(j.publish_time_promo)) / 86400000) END
+  CASE WHEN floor((j.timestamp + 1465876799998 - CAST(j.publish_time AS BIGINT) * 1000) / 86400000) BETWEEN 0 AND 3650
+       THEN floor((j.timestamp + 1465876799998 - CAST(j.publish_time AS BIGINT) * 1000) / 86400000) END AS publish_time_days,
+  CASE WHEN floor((j.timestamp + 1465876799998 - CAST(j.publish_time_promo AS BIGINT) * 1000) / 86400000) BETWEEN 0 AND 3650
+       THEN floor((j.timestamp + 1465876799998 - CAST(j.publish_time_promo AS BIGINT) * 1000) / 86400000) END
     AS publish_time_promo_days
 ))) d

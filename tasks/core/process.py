@@ -20,7 +20,7 @@ import subprocess
 import threading
 import time
 from collections import deque
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 log = logging.getLogger(__name__)
@@ -109,8 +109,13 @@ def _pick_error_line(tail: Sequence[str], marked: str | None) -> str:
 
 
 def run_streaming(argv: Sequence[str], env: Mapping[str, str] | None = None, cwd: str | None = None,
-                  label: str = "child", quiet_prefixes: Sequence[str] = ()) -> ProcessResult:
-    """Run argv (a list, never a shell string), logging each output line as `[label] line`."""
+                  label: str = "child", quiet_prefixes: Sequence[str] = (),
+                  on_line: Callable[[str], None] | None = None) -> ProcessResult:
+    """Run argv (a list, never a shell string), logging each output line as `[label] line`.
+
+    on_line: also called with each line (without its newline) as it arrives, quiet or not, e.g. to collect lines of
+    one kind for a summary at the end.
+    """
     tail: deque[str] = deque(maxlen=50)
     marked: str | None = None
     proc = subprocess.Popen(
@@ -126,6 +131,8 @@ def run_streaming(argv: Sequence[str], env: Mapping[str, str] | None = None, cwd
                 tail.append(line)
                 if ERROR_MARKER in line:
                     marked = line.split(ERROR_MARKER, 1)[1].strip()
+                if on_line is not None:
+                    on_line(line)
                 if not any(line.startswith(p) for p in quiet_prefixes):
                     log.info("[%s] %s", label, line)
             returncode = proc.wait()

@@ -5,10 +5,19 @@ Profiles (RECFLOW_SPARK_PROFILE or a DAG param):
            small shuffle partition counts sized for one machine.
   cluster  NVIDIA's CPU settings (spark.sql.files.maxPartitionBytes 1 GiB, 600 shuffle partitions, locality wait 0)
            for a standalone / YARN / Kubernetes master.
-  gpu      the cluster profile plus the RAPIDS Accelerator (com.nvidia.spark.SQLPlugin). The RAPIDS jar is not on
-           PyPI: its path or URL comes from RECFLOW_RAPIDS_JAR (the GPU image in docker-compose downloads it).
-           The Accelerator runs only on the Spark versions it was built for (RAPIDS_SUPPORTED_SPARK): the profile
-           refuses any other Spark with one line, before a job starts and fails obscurely on its executors.
+  gpu      the cluster profile plus the RAPIDS Accelerator (com.nvidia.spark.SQLPlugin), its settings scaled by one
+           GPU executor's resources (GpuExecutor: cores, host memory, GPU memory; RECFLOW_GPU_EXECUTOR_*): one
+           executor per GPU, task GPU amount 1/cores, concurrent GPU tasks from the GPU's memory, pinned pool and
+           memory overhead from the executor's memory, the RAPIDS shuffle manager (docs/gpu_spark.md has the rules
+           and their sources). On a local[...] master no GPU resources are requested (Spark's local mode does not
+           schedule them; the one GPU the driver sees is used). The RAPIDS jar is not on PyPI: its path or URL comes
+           from RECFLOW_RAPIDS_JAR (the GPU image in docker-compose downloads it). The Accelerator runs only on the
+           Spark versions its release was built for (RAPIDS_SUPPORTED_SPARK): the profile refuses any other Spark
+           with one line, before a job starts and fails obscurely on its executors.
+  gpu-explain  the RAPIDS Accelerator in explain-only mode (spark.rapids.sql.mode=explainOnly): the job runs on the
+           CPU with the gpu profile's plan choices and logs what would not run on the GPU (NOT_ON_GPU); no GPU is
+           requested, so it runs on any worker that has the jar. run_spark_job collects those lines and logs a
+           summary per job (GpuFallbacks).
 
 On a cluster (any master but local[...]), what the driver and the executors need beyond the master's URL:
   code     the tasks/ and spark_jobs/ packages, zipped and shipped with --py-files (code_archive): executors
@@ -28,8 +37,10 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import re
 import shutil
 import sys
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -64,22 +75,43 @@ _CLUSTER_CONF = {  # NVIDIA run_spark_cpu.sh, per job
     "spark.ui.showConsoleProgress": "false",
     "spark.sql.session.timeZone": "UTC",
 }
-_RAPIDS_CONF = {  # NVIDIA run_spark_gpu_DGX-2.sh on top of the CPU conf
+_RAPIDS_CONF = {  # NVIDIA run_spark_gpu_DGX-2.sh on top of the CPU conf; both RAPIDS profiles
     "spark.plugins": "com.nvidia.spark.SQLPlugin",
-    "spark.task.resource.gpu.amount": "0.01",
-    "spark.executor.resource.gpu.amount": "1",
-    "spark.rapids.sql.concurrentGpuTasks": "2",
     "spark.rapids.sql.reader.batchSizeRows": "4000000",
-    "spark.rapids.memory.pinnedPool.size": "16g",
     "spark.rapids.sql.explain": "NOT_ON_GPU",
     "spark.sql.autoBroadcastJoinThreshold": "1GB",
     "spark.rapids.sql.incompatibleOps.enabled": "true",
-    "spark.executor.extraJavaOptions": "-Dai.rapids.cudf.prefer-pinned=true",
 }
-PROFILES = ("local", "cluster", "gpu")
-# Spark versions the RAPIDS Accelerator 26.06 (its newest release) ships shims for: 3.3.x-3.5.x and 4.0.x-4.1.1
-# (docs/ARCHITECTURE.md, "Spark versions"). The project pins pyspark 4.1.1, the newest Spark it supports.
-RAPIDS_SUPPORTED_SPARK = ((3, 3, 0), (4, 1, 1))
+PROFILES = ("local", "cluster", "gpu", "gpu-explain")
+GPU_PROFILES = ("gpu", "gpu-explain")  # load the RAPIDS Accelerator: plan for the GPU (jobs choose GPU-friendly plans)
+# The RAPIDS Accelerator release deploy/Dockerfile installs, and the Spark versions it ships shims for (its download
+# page, docs/download.md of NVIDIA/cudf-spark, formerly spark-rapids): Scala 2.12 for 3.3-3.5, 2.13 for 3.5 and 4.x.
+RAPIDS_RELEASE = "26.08.1"
+RAPIDS_SUPPORTED_SPARK = frozenset(
+    [f"3.3.{p}" for p in range(5)] + [f"3.4.{p}" for p in range(5)] + [f"3.5.{p}" for p in range(10)]
+    + [f"4.0.{p}" for p in range(5)] + ["4.1.1", "4.1.2", "4.1.3", "4.2.0"])
+RAPIDS_JAR_URL = ("https://repo1.maven.org/maven2/com/nvidia/rapids-4-spark_{scala}/{release}/"
+                  "rapids-4-spark_{scala}-{release}.jar")
+# Spark's GPU discovery script (its examples/src/main/scripts/getGpusResources.sh; pyspark's pip package lacks it):
+# deploy/Dockerfile writes it here in the GPU image. RECFLOW_GPU_DISCOVERY_SCRIPT names another path.
+GPU_DISCOVERY_SCRIPT = "/opt/rapids/getGpusResources.sh"
+
+
+def _version_tuple(version: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in version.split("+")[0].split(".")[:3] if part.isdigit())
+
+
+def _supported_ranges() -> str:
+    """RAPIDS_SUPPORTED_SPARK as ranges of patch versions, e.g. "3.3.0-3.3.4, ..., 4.2.0"."""
+    by_minor: dict[tuple[int, ...], list[int]] = {}
+    for version in sorted(RAPIDS_SUPPORTED_SPARK, key=_version_tuple):
+        numbers = _version_tuple(version)
+        by_minor.setdefault(numbers[:2], []).append(numbers[2])
+    ranges = []
+    for (major, minor), patches in by_minor.items():
+        low, high = f"{major}.{minor}.{patches[0]}", f"{major}.{minor}.{patches[-1]}"
+        ranges.append(low if low == high else f"{low}-{high}")
+    return ", ".join(ranges)
 
 
 def installed_spark_version() -> str:
@@ -93,13 +125,191 @@ def installed_spark_version() -> str:
 
 
 def check_rapids_spark_version(spark_version: str) -> None:
-    """Raise ValueError with one line when the RAPIDS Accelerator does not support this Spark version."""
-    numbers = tuple(int(part) for part in spark_version.split("+")[0].split(".")[:3] if part.isdigit())
-    low, high = RAPIDS_SUPPORTED_SPARK
-    if len(numbers) < 3 or not low <= numbers <= high:
-        raise ValueError(f"the gpu Spark profile needs a Spark the RAPIDS Accelerator supports "
-                         f"({'.'.join(map(str, low))} to {'.'.join(map(str, high))}); this environment has Spark "
-                         f"{spark_version}: pin pyspark to a supported version or use the local / cluster profile")
+    """Raise ValueError with one line when the RAPIDS Accelerator release does not support this Spark version."""
+    numbers = _version_tuple(spark_version)
+    if ".".join(map(str, numbers)) not in RAPIDS_SUPPORTED_SPARK:
+        raise ValueError(f"the gpu Spark profiles need a Spark the RAPIDS Accelerator {RAPIDS_RELEASE} supports "
+                         f"({_supported_ranges()}); this environment has Spark {spark_version}: pin pyspark to a "
+                         "supported version or use the local / cluster profile")
+
+
+def rapids_shuffle_manager(spark_version: str) -> str:
+    """The RAPIDS shuffle manager class of this Spark version's shim (one class per version, e.g. spark411)."""
+    return f"com.nvidia.spark.rapids.spark{''.join(map(str, _version_tuple(spark_version)))}.RapidsShuffleManager"
+
+
+def parse_size_mib(text: str, what: str) -> int:
+    """A Spark-style memory size ("48g", "7500m", "1t"; a bare number is MiB) in MiB; ValueError naming `what`."""
+    match = re.fullmatch(r"\s*(\d+)\s*([kmgt]?)i?b?\s*", text.lower())
+    if not match:
+        raise ValueError(f"{what}={text!r}: expected a size such as 48g or 7500m")
+    number, unit = int(match.group(1)), match.group(2) or "m"
+    return {"k": number // 1024, "m": number, "g": number << 10, "t": number << 20}[unit]
+
+
+@dataclass(frozen=True)
+class GpuExecutor:
+    """One GPU executor's resources, from which the gpu profile's RAPIDS settings are derived (one executor per
+    GPU: the Accelerator supports one GPU per executor). Defaults: NVIDIA's DGX-2 preprocessing config (80 cores and
+    16 V100-32GB: 5 cores per executor; (800 - 32) / 16 = 48 GB per executor of which 32 GB heap).
+
+    The rules (docs/gpu_spark.md cites each): task GPU amount = 1/cores (the RAPIDS tuning guide: the reciprocal of
+    the executor's task concurrency); concurrent GPU tasks = GPU memory / 7500 MiB, 1 to 4, at most the cores
+    (spark-rapids-tools' AutoTuner); heap = min(90% of the memory, 2 GiB per core), pinned pool = what is left after
+    the heap, 10% of it for JVM overhead and a 1 GiB pageable pool, at most 4 GiB (AutoTuner); memory overhead =
+    that 10% + pinned pool + pageable pool (the tuning guide: overhead must cover the pinned pool).
+    """
+
+    cores: int = 5
+    memory_mib: int = 48 << 10       # host memory of the executor: heap + overhead
+    gpu_memory_mib: int = 32 << 10
+
+    GPU_MEMORY_PER_TASK_MIB = 7500   # AutoTuner DEF_GPU_MEM_PER_TASK_MB: 2 concurrent tasks on a 15 GB T4
+    MAX_CONCURRENT_GPU_TASKS = 4
+    HEAP_PER_CORE_MIB = 2 << 10
+    HEAP_OVERHEAD_FRACTION = 0.1
+    MAX_PINNED_MIB = 4 << 10
+    PAGEABLE_POOL_MIB = 1 << 10
+
+    def __post_init__(self) -> None:
+        for name in ("cores", "memory_mib", "gpu_memory_mib"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"GpuExecutor.{name}={value!r}: must be a positive integer")
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> GpuExecutor:
+        """RECFLOW_GPU_EXECUTOR_CORES, RECFLOW_GPU_EXECUTOR_MEMORY (e.g. 48g) and RECFLOW_GPU_MEMORY (e.g. 80g) over
+        the defaults."""
+        env = os.environ if env is None else env
+        values: dict[str, int] = {}
+        if env.get("RECFLOW_GPU_EXECUTOR_CORES"):
+            text = env["RECFLOW_GPU_EXECUTOR_CORES"]
+            if not text.strip().isdigit():
+                raise ValueError(f"RECFLOW_GPU_EXECUTOR_CORES={text!r}: expected a positive integer")
+            values["cores"] = int(text)
+        if env.get("RECFLOW_GPU_EXECUTOR_MEMORY"):
+            values["memory_mib"] = parse_size_mib(env["RECFLOW_GPU_EXECUTOR_MEMORY"], "RECFLOW_GPU_EXECUTOR_MEMORY")
+        if env.get("RECFLOW_GPU_MEMORY"):
+            values["gpu_memory_mib"] = parse_size_mib(env["RECFLOW_GPU_MEMORY"], "RECFLOW_GPU_MEMORY")
+        return cls(**values)
+
+    @property
+    def task_gpu_amount(self) -> str:
+        """1/cores, truncated to 6 decimals: Spark runs floor(1 / amount) tasks per GPU, so rounding up would lose
+        one (1/6 -> 0.166667 gives 5)."""
+        return "1" if self.cores == 1 else f"{(10**6 // self.cores) / 10**6:.6f}"
+
+    @property
+    def concurrent_gpu_tasks(self) -> int:
+        by_memory = self.gpu_memory_mib // self.GPU_MEMORY_PER_TASK_MIB
+        return max(1, min(self.MAX_CONCURRENT_GPU_TASKS, by_memory, self.cores))
+
+    @property
+    def heap_mib(self) -> int:
+        return min(int(self.memory_mib * (1 - self.HEAP_OVERHEAD_FRACTION)), self.HEAP_PER_CORE_MIB * self.cores)
+
+    @property
+    def pinned_pool_mib(self) -> int:
+        """0 (no pool) when the memory leaves no room beside the heap."""
+        heap_overhead = int(self.heap_mib * self.HEAP_OVERHEAD_FRACTION)
+        left = self.memory_mib - self.heap_mib - heap_overhead - self.PAGEABLE_POOL_MIB
+        return max(0, min(self.MAX_PINNED_MIB, left))
+
+    @property
+    def memory_overhead_mib(self) -> int:
+        return int(self.heap_mib * self.HEAP_OVERHEAD_FRACTION) + self.pinned_pool_mib + self.PAGEABLE_POOL_MIB
+
+
+def rapids_conf(profile: str, master: str, executor: GpuExecutor, spark_version: str,
+                jar: str | None) -> dict[str, str]:
+    """The RAPIDS Accelerator's conf for a gpu / gpu-explain job on `master` (see the module docstring)."""
+    conf = dict(_RAPIDS_CONF)
+    if profile == "gpu-explain":
+        # Plans as the GPU would, runs on the CPU: no GPU resources, no pinned memory, Spark's own shuffle.
+        conf["spark.rapids.sql.mode"] = "explainOnly"
+        return conf
+    conf.update({
+        "spark.rapids.sql.concurrentGpuTasks": str(executor.concurrent_gpu_tasks),
+        "spark.rapids.memory.pinnedPool.size": f"{executor.pinned_pool_mib}m",
+        "spark.executor.extraJavaOptions": "-Dai.rapids.cudf.prefer-pinned=true",
+    })
+    if not master.startswith("local"):
+        conf.update({
+            "spark.executor.cores": str(executor.cores),
+            "spark.task.cpus": "1",
+            "spark.executor.memory": f"{executor.heap_mib}m",
+            "spark.executor.resource.gpu.amount": "1",
+            "spark.task.resource.gpu.amount": executor.task_gpu_amount,
+            "spark.executor.resource.gpu.discoveryScript":
+                os.environ.get("RECFLOW_GPU_DISCOVERY_SCRIPT") or GPU_DISCOVERY_SCRIPT,
+        })
+        if not master.startswith("spark://"):  # YARN / Kubernetes containers: the pinned pool lives off-heap
+            conf["spark.executor.memoryOverhead"] = f"{executor.memory_overhead_mib}m"
+    if jar and "://" not in jar:
+        # The shuffle manager is created before --jars are loaded: the jar must be on both class paths. (26.08+
+        # sets it itself on Spark 4 when unset; explicit works for every release and Spark.)
+        threads = str(max(executor.cores, 1))
+        conf.update({
+            "spark.shuffle.manager": rapids_shuffle_manager(spark_version),
+            "spark.driver.extraClassPath": jar,
+            "spark.executor.extraClassPath": jar,
+            "spark.rapids.shuffle.multiThreaded.writer.threads": threads,
+            "spark.rapids.shuffle.multiThreaded.reader.threads": threads,
+        })
+    return conf
+
+
+_NOT_ON_GPU = re.compile(r"^\s*!(?P<kind>[A-Za-z]*) <(?P<name>[^<>\s]+)> (?:(?P<what>.*?) )?"
+                         r"cannot run on GPU because (?P<reason>.*)$")
+_WHOLE_PLAN = re.compile(r"Can't replace any part of this plan due to: (?P<reason>.*)$")
+# The plugin's start-up line (Plugin.scala logPluginMode): proof that it loaded, and in which mode.
+_PLUGIN_MODE = re.compile(r"RAPIDS Accelerator is (?P<mode>in explain only mode|enabled|disabled)\b")
+_KIND_ORDER = ("Expression", "Input", "Partitioning", "Output", "Command", "Exec", "Plan")
+
+
+@dataclass
+class GpuFallbacks:
+    """What the RAPIDS Accelerator said would not run on the GPU, from a job's output (spark.rapids.sql.explain=
+    NOT_ON_GPU). The line format is RapidsMeta.print in NVIDIA/spark-rapids (sql-plugin/.../RapidsMeta.scala):
+    `<indent><'!'><operation name> <Class> [<expression>] cannot run on GPU because <reasons; ...>`, the operation
+    name Exec / Expression / Input / Partitioning / Output / Command, empty when no rule exists for the class.
+    Lines marked `@` (could run, but its plan cannot) or `*` are not fallbacks and are not counted."""
+
+    counts: Counter = field(default_factory=Counter)  # (kind, class, reason) -> times seen (once per plan)
+    plugin_mode: str | None = None  # "explain only" / "enabled" / "disabled" as the plugin said; None: not seen
+
+    def feed(self, line: str) -> None:
+        mode = _PLUGIN_MODE.search(line)
+        if mode:
+            self.plugin_mode = mode.group("mode").removeprefix("in ").removesuffix(" mode")
+            return
+        match = _NOT_ON_GPU.match(line)
+        if match:
+            name = match.group("name")
+            kind = match.group("kind") or ("Exec" if name.endswith("Exec") else "Expression")
+            reason = re.sub(r"#\d+L?", "", match.group("reason").strip())  # attribute ids differ per plan
+            self.counts[(kind, name, reason)] += 1
+            return
+        match = _WHOLE_PLAN.search(line)
+        if match:
+            self.counts[("Plan", "whole plan", match.group("reason").strip())] += 1
+
+    def operators(self) -> set[str]:
+        return {name for (_, name, _) in self.counts}
+
+    def summary(self, job: str) -> list[str]:
+        """One line per distinct fallback, expressions (the causes) before the operators they keep off the GPU."""
+        if not self.counts and self.plugin_mode is None:  # silence proves nothing if the plugin never spoke
+            return [f"RAPIDS explain of {job}: the RAPIDS Accelerator never logged its start-up line: was the jar "
+                    "loaded (RECFLOW_RAPIDS_JAR) and is Spark's log level WARN or lower?"]
+        if not self.counts:
+            return [f"RAPIDS explain of {job}: no NOT_ON_GPU lines (every operator would run on the GPU)"]
+        ordered = sorted(self.counts.items(), key=lambda item: (_KIND_ORDER.index(item[0][0])
+                                                                if item[0][0] in _KIND_ORDER else 99, -item[1]))
+        lines = [f"RAPIDS explain of {job}: {len(self.counts)} operator(s)/expression(s) would not run on the GPU"]
+        lines += [f"  NOT_ON_GPU {kind} <{name}> (x{count}): {reason}" for (kind, name, reason), count in ordered]
+        return lines
 
 
 class SparkJobFailed(RuntimeError):
@@ -118,6 +328,7 @@ class SparkSubmit:
     rapids_jar: str | None = None
     spark_version: str | None = None  # None: the installed pyspark's (what spark-submit runs here)
     driver_host: str | None = None    # None: RECFLOW_SPARK_DRIVER_HOST, else Spark's own choice (hostname's address)
+    gpu_executor: GpuExecutor | None = None  # gpu profile: None = GpuExecutor.from_env()
 
     @property
     def on_cluster(self) -> bool:
@@ -127,8 +338,9 @@ class SparkSubmit:
         if self.profile not in PROFILES:
             raise ValueError(f"unknown Spark profile {self.profile!r}; expected one of {', '.join(PROFILES)}")
         conf = dict(_LOCAL_CONF if self.profile == "local" else _CLUSTER_CONF)
-        if self.profile == "gpu":
-            conf.update(_RAPIDS_CONF)
+        if self.profile in GPU_PROFILES:
+            conf.update(rapids_conf(self.profile, self.master, self.gpu_executor or GpuExecutor.from_env(),
+                                    self.spark_version or installed_spark_version(), self.rapids_jar_path()))
         conf["spark.pyspark.python"] = sys.executable
         conf.setdefault("spark.driver.extraJavaOptions", f"-Dlog4j2.configurationFile={LOG4J_CONF.as_uri()}")
         driver_host = self.driver_host or os.environ.get("RECFLOW_SPARK_DRIVER_HOST")
@@ -137,16 +349,21 @@ class SparkSubmit:
         conf.update(self.conf_overrides)
         return conf
 
+    def rapids_jar_path(self) -> str | None:
+        return self.rapids_jar or os.environ.get("RECFLOW_RAPIDS_JAR") or None
+
     def argv(self) -> list[str]:
+        if self.profile in GPU_PROFILES:
+            check_rapids_spark_version(self.spark_version or installed_spark_version())
+            if not self.rapids_jar_path():
+                raise ValueError(f"the {self.profile} Spark profile needs the RAPIDS Accelerator jar: set "
+                                 f"RECFLOW_RAPIDS_JAR (Maven Central: "
+                                 f"{RAPIDS_JAR_URL.format(scala='2.13', release=RAPIDS_RELEASE)})")
         argv = [spark_submit_binary(), "--master", self.master, "--name", f"recflow:{self.job.removesuffix('.py')}"]
         for key, value in sorted(self.conf().items()):
             argv += ["--conf", f"{key}={value}"]
-        if self.profile == "gpu":
-            check_rapids_spark_version(self.spark_version or installed_spark_version())
-            jar = self.rapids_jar or os.environ.get("RECFLOW_RAPIDS_JAR")
-            if not jar:
-                raise ValueError("the gpu Spark profile needs the RAPIDS Accelerator jar: set RECFLOW_RAPIDS_JAR")
-            argv += ["--jars", jar]
+        if self.profile in GPU_PROFILES:
+            argv += ["--jars", self.rapids_jar_path()]
         if self.on_cluster:
             argv += ["--py-files", str(code_archive())]
         argv += [str(SPARK_JOBS_DIR / self.job), *self.args]
@@ -196,8 +413,13 @@ def _remove_old_archives(current: Path, max_age_s: float = 86400.0) -> None:
                 path.unlink()
 
 
-def run_spark_job(submit: SparkSubmit, env: Mapping[str, str] | None = None, label: str = "spark") -> None:
-    """Run spark-submit, streaming its output into this process's log line by line as it happens."""
+def run_spark_job(submit: SparkSubmit, env: Mapping[str, str] | None = None,
+                  label: str = "spark") -> GpuFallbacks | None:
+    """Run spark-submit, streaming its output into this process's log line by line as it happens.
+
+    Under the gpu profiles the RAPIDS Accelerator's NOT_ON_GPU lines are also collected and summarised in the log
+    at the end (before a failure is raised); the collection is returned (None under the CPU profiles).
+    """
     argv = submit.argv()
     child_env = {**os.environ, **(env or {})}
     child_env.setdefault("PYSPARK_PYTHON", sys.executable)
@@ -205,6 +427,11 @@ def run_spark_job(submit: SparkSubmit, env: Mapping[str, str] | None = None, lab
     # The job imports tasks.* (schema, storage): make the repo importable in driver and local executors.
     child_env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), child_env.get("PYTHONPATH")]))
     log.info("spark-submit %s (master %s, profile %s)", submit.job, submit.master, submit.profile)
-    result = run_streaming(argv, env=child_env, label=label)
+    fallbacks = GpuFallbacks() if submit.profile in GPU_PROFILES else None
+    result = run_streaming(argv, env=child_env, label=label, on_line=fallbacks.feed if fallbacks is not None else None)
+    if fallbacks is not None:
+        for line in fallbacks.summary(submit.job):
+            log.info("[%s] %s", label, line)
     if result.returncode != 0:
         raise SparkJobFailed(f"{submit.job} failed (exit {result.returncode}): {result.last_error_line}")
+    return fallbacks
