@@ -2,10 +2,13 @@
 pyarrow parse floor of the same files measured in the same run.
 
 One run = `python -m tasks criteo ingest --days 0-2` (download + validate + day stats of each day) then
-`python -m tasks criteo preprocess --train-days 0-1 --test-day 2` (dictionary + transform + dataset validation)
-into a fresh data root: issue #17's "end to end", from raw TSV to a validated split-binary dataset. The
-"retrain-only" figure is the dictionary + transform steps inside that preprocess command (timed by the CLI's
---json report): the work a scheduled retrain does over days already ingested. Rows/s counts every raw row
+`python -m tasks criteo preprocess --train-days 0-1 --test-day 2 --engine E` (dictionary + transform + dataset
+validation) into a fresh data root, once per preprocessing engine (spark: the spark-submit jobs; arrow: the
+single-machine engine, tasks/criteo/preprocess_arrow.py), in alternating order, over the same ingested days: issue
+#17's "end to end", from raw TSV to a validated split-binary dataset, is the ingest plus one engine's preprocess.
+The two engines' datasets must be byte-identical (checked here; the run fails otherwise). The "retrain-only" figure
+is the dictionary + transform steps inside the preprocess command (timed by the CLI's --json report): the work a
+scheduled retrain does over days already ingested. Rows/s counts every raw row
 of the three days, on both figures, so they compare with the floor's rows/s: pyarrow.csv.read_csv of the same three
 files (40 binary columns, all cores), measured right before and right after the runs. The children are the CLI
 itself, so process start-up, imports and every JVM start are inside the times, as they are for a user.
@@ -34,10 +37,12 @@ TRAIN_DAYS, TEST_DAY = (0, 1), 2
 DAY_ROWS = {"quick": 1_000_000, "full": 1_000_000}
 TARGET_END_TO_END = 0.10
 TARGET_RETRAIN = 0.25
+ENGINES = ("spark", "arrow")
 
 
 @dataclass
 class EndToEndRun:
+    engine: str
     rows: int
     ingest_seconds: float
     preprocess_seconds: float
@@ -66,9 +71,12 @@ class EndToEndData:
     runs: list[EndToEndRun] = field(default_factory=list)
     floor: list[float] = field(default_factory=list)  # rows/s of the three days, all cores
 
+    def of(self, engine: str) -> list[EndToEndRun]:
+        return [r for r in self.runs if r.engine == engine]
+
     def to_raw(self) -> dict[str, Any]:
         return {"floor_rows_per_s": self.floor,
-                "runs": [{"rows": r.rows, "ingest_seconds": r.ingest_seconds,
+                "runs": [{"engine": r.engine, "rows": r.rows, "ingest_seconds": r.ingest_seconds,
                           "preprocess_seconds": r.preprocess_seconds, "ingest_steps": r.ingest_steps,
                           "preprocess_steps": r.preprocess_steps,
                           "ingest_peak_rss": r.ingest.peak_rss(), "preprocess_peak_rss": r.preprocess.peak_rss(),
@@ -98,7 +106,19 @@ def step_seconds(result: dict[str, Any]) -> dict[str, float]:
     return seconds
 
 
-def run_once(source_dir: Path, rows_per_day: int, index: int, work_dir: Path) -> EndToEndRun:
+def dataset_digests(directory: Path) -> dict[str, str]:
+    """sha256 of every file of a split-binary dataset but its manifest (which names the engine)."""
+    import hashlib
+
+    from tasks.core.storage import MANIFEST_NAME
+
+    return {p.relative_to(directory).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(directory.rglob("*")) if p.is_file() and p.name != MANIFEST_NAME}
+
+
+def run_once(source_dir: Path, rows_per_day: int, index: int, work_dir: Path) -> list[EndToEndRun]:
+    """Ingest the three days, then preprocess them with each engine (the order alternates with `index`); one run
+    per engine, sharing the ingest."""
     root = work_dir / f"end-to-end-{index}"
     shutil.rmtree(root, ignore_errors=True)
     root.mkdir(parents=True)
@@ -107,21 +127,31 @@ def run_once(source_dir: Path, rows_per_day: int, index: int, work_dir: Path) ->
     logs = work_dir / "logs"
     days = f"{min(TRAIN_DAYS)}-{TEST_DAY}"
     train = f"{min(TRAIN_DAYS)}-{max(TRAIN_DAYS)}"
-    log.info("end to end %d: criteo ingest --days %s, then preprocess (logs in %s)", index + 1, days, logs)
+    log.info("end to end %d: criteo ingest --days %s, then preprocess with %s (logs in %s)", index + 1, days,
+             " and ".join(ENGINES), logs)
     ingest, ingest_s, ingest_json = _cli(["criteo", "ingest", "--days", days], env,
                                          logs / f"e2e-ingest-{index}.log", root / "ingest.json")
-    preprocess_args = ["criteo", "preprocess", "--train-days", train, "--test-day", str(TEST_DAY)]
-    preprocess, preprocess_s, preprocess_json = _cli(
-        [*preprocess_args, "--out", str(root / "out-1")], env, logs / f"e2e-preprocess-{index}.log",
-        root / "preprocess.json")
-    run = EndToEndRun(rows=3 * rows_per_day, ingest_seconds=ingest_s, preprocess_seconds=preprocess_s,
-                      ingest_steps=step_seconds(ingest_json), preprocess_steps=step_seconds(preprocess_json),
-                      ingest=ingest, preprocess=preprocess)
-    log.info("  %d rows: ingest %.1f s + preprocess %.1f s = %.1f s; retrain-only %.1f s; steps %s", run.rows,
-             ingest_s, preprocess_s, run.end_to_end_seconds, run.retrain_only_seconds,
-             {k: round(v, 1) for k, v in run.steps.items()})
+    runs, digests = [], {}
+    for engine in ENGINES[index % 2:] + ENGINES[:index % 2]:
+        out = root / f"out-{engine}"
+        preprocess, preprocess_s, preprocess_json = _cli(
+            ["criteo", "preprocess", "--train-days", train, "--test-day", str(TEST_DAY), "--engine", engine,
+             "--out", str(out)], env, logs / f"e2e-preprocess-{engine}-{index}.log", root / f"preprocess-{engine}.json")
+        run = EndToEndRun(engine=engine, rows=3 * rows_per_day, ingest_seconds=ingest_s,
+                          preprocess_seconds=preprocess_s, ingest_steps=step_seconds(ingest_json),
+                          preprocess_steps=step_seconds(preprocess_json), ingest=ingest, preprocess=preprocess)
+        if run.preprocess_steps["build_dictionary"] == 0 or run.preprocess_steps["transform_dataset"] == 0:
+            raise SystemExit(f"{engine}: a preprocessing step found its output cached; nothing was measured")
+        log.info("  %s, %d rows: ingest %.1f s + preprocess %.1f s = %.1f s; retrain-only %.1f s; steps %s", engine,
+                 run.rows, ingest_s, preprocess_s, run.end_to_end_seconds, run.retrain_only_seconds,
+                 {k: round(v, 1) for k, v in run.steps.items()})
+        digests[engine] = dataset_digests(out / "dataset")
+        runs.append(run)
+    first, *others = digests.values()
+    if not first or any(other != first for other in others):
+        raise SystemExit(f"the engines wrote different datasets ({', '.join(digests)}): see {logs}")
     shutil.rmtree(root)
-    return run
+    return runs
 
 
 def measure(mode: Mode, work_dir: Path, repeats: int = 1) -> EndToEndData:
@@ -131,7 +161,7 @@ def measure(mode: Mode, work_dir: Path, repeats: int = 1) -> EndToEndData:
     data = EndToEndData()
     data.floor.append(_floor(source_dir, days))
     for index in range(repeats):
-        data.runs.append(run_once(source_dir, rows, index, work_dir))
+        data.runs.extend(run_once(source_dir, rows, index, work_dir))
     data.floor.append(_floor(source_dir, days))
     return data
 
@@ -139,18 +169,23 @@ def measure(mode: Mode, work_dir: Path, repeats: int = 1) -> EndToEndData:
 def figures(data: EndToEndData) -> list[Figure]:
     floor = Stat.of(data.floor)
     floor_name = "pyarrow read_csv of the same 3 days, all cores"
-    runs = data.runs
-    end_to_end = Stat.of([r.rows / r.end_to_end_seconds for r in runs])
-    retrain = Stat.of([r.rows / r.retrain_only_seconds for r in runs])
-    steps = runs[0].steps
-    shown = ", ".join(f"{name} {seconds:.1f} s" for name, seconds in steps.items())
-    return [
-        Figure(SECTION, f"end to end: ingest 3 days + preprocess ({runs[0].rows:,} rows), CLI", "rows/s", end_to_end,
-               floor_name, floor, ratio_of(end_to_end, floor), "medians", target=f">= {TARGET_END_TO_END}",
-               note=f"ingest {runs[0].ingest_seconds:.1f} s + preprocess {runs[0].preprocess_seconds:.1f} s "
-                    f"(wall, process start included); steps: {shown}"),
-        Figure(SECTION, "retrain-only: dictionary + transform over the ingested days", "rows/s", retrain, floor_name,
-               floor, ratio_of(retrain, floor), "medians", target=f">= {TARGET_RETRAIN}",
-               note=f"dictionary {runs[0].preprocess_steps['build_dictionary']:.1f} s + transform "
-                    f"{runs[0].preprocess_steps['transform_dataset']:.1f} s, timed inside the end-to-end run"),
-    ]
+    rows = []
+    for engine in ENGINES:
+        runs = data.of(engine)
+        end_to_end = Stat.of([r.rows / r.end_to_end_seconds for r in runs])
+        retrain = Stat.of([r.rows / r.retrain_only_seconds for r in runs])
+        first = runs[0]
+        shown = ", ".join(f"{name} {seconds:.1f} s" for name, seconds in first.steps.items())
+        rows += [
+            Figure(SECTION, f"end to end, {engine} engine: ingest 3 days + preprocess ({first.rows:,} rows), CLI",
+                   "rows/s", end_to_end, floor_name, floor, ratio_of(end_to_end, floor), "medians",
+                   target=f">= {TARGET_END_TO_END}",
+                   note=f"ingest {first.ingest_seconds:.1f} s + preprocess {first.preprocess_seconds:.1f} s "
+                        f"(wall, process start included); steps: {shown}"),
+            Figure(SECTION, f"retrain-only, {engine} engine: dictionary + transform over the ingested days", "rows/s",
+                   retrain, floor_name, floor, ratio_of(retrain, floor), "medians", target=f">= {TARGET_RETRAIN}",
+                   note=f"dictionary {first.preprocess_steps['build_dictionary']:.1f} s + transform "
+                        f"{first.preprocess_steps['transform_dataset']:.1f} s, timed inside the end-to-end run; "
+                        "the engines' datasets are byte-identical"),
+        ]
+    return rows

@@ -4,7 +4,7 @@
 
   criteo     demo-data   --days 0-2 [--rows N]     synthetic day_N files into the source folder
              ingest      --day 3 | --days 0-23     download_day -> validate_day -> day_stats, day by day
-             preprocess  --train-days 0-1 --test-day 2 [--out DIR | --run-id ID]
+             preprocess  --train-days 0-1 --test-day 2 [--out DIR | --run-id ID] [--engine spark|arrow]
                                                    resolve_run -> build_dictionary -> transform_dataset ->
                                                    validate_dataset, into DIR/dictionary and DIR/dataset
   movielens  demo-data | ingest [--dataset ml-1m] | preprocess [--dataset ml-1m]
@@ -237,6 +237,7 @@ def criteo_preprocess(args: argparse.Namespace, settings: Settings, steps: Steps
               "frequency_threshold": args.frequency_threshold, "threshold_overrides": args.threshold_overrides,
               "dictionary_days": args.dictionary_days, "seed": args.seed}
     run = steps.run("resolve_run", dlrm.resolve_run, settings, params)
+    engine = {"engine": args.engine} if args.engine else {}  # else the task functions' default (the environment)
     knobs, train_days, test_day = run["knobs"], run["train_days"], run["test_day"]
     if args.out:
         paths = dlrm.RunPaths(args.out.expanduser().resolve())
@@ -245,9 +246,9 @@ def criteo_preprocess(args: argparse.Namespace, settings: Settings, steps: Steps
     steps.run("build_dictionary", preprocess.build_dictionary, settings, paths.dictionary, train_days, test_day,
               frequency_threshold=knobs["frequency_threshold"],
               threshold_overrides=parse_threshold_overrides(knobs["threshold_overrides"]),
-              dictionary_days=knobs["dictionary_days"], spark_master=args.spark_master)
+              dictionary_days=knobs["dictionary_days"], spark_master=args.spark_master, **engine)
     steps.run("transform_dataset", preprocess.transform_dataset, settings, paths.dataset, paths.dictionary,
-              train_days, test_day, seed=knobs["seed"], spark_master=args.spark_master)
+              train_days, test_day, seed=knobs["seed"], spark_master=args.spark_master, **engine)
     steps.run("validate_dataset", preprocess.validate_dataset, paths.dataset)
 
 
@@ -289,6 +290,9 @@ def add_criteo_commands(pipelines: argparse._SubParsersAction) -> None:
     p.add_argument("--threshold-overrides", default=None, help="per-column thresholds, e.g. cat_3:2,cat_7:0")
     p.add_argument("--dictionary-days", choices=("train", "all"), default=None)
     p.add_argument("--seed", type=non_negative, default=None, help="seed of the train rows' shuffle")
+    p.add_argument("--engine", choices=("spark", "arrow"), default=None,
+                   help="who builds the dictionary and the dataset (default: RECFLOW_CRITEO_PREPROCESS_ENGINE, else "
+                        "spark; arrow: pyarrow + numpy in this process, same output)")
     _spark_options(p)
 
 

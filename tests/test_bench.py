@@ -355,14 +355,20 @@ def test_end_to_end_figures_count_every_raw_row_against_the_floor():
                                    {"step": "transform_dataset", "seconds": 30.0},
                                    {"step": "validate_dataset", "seconds": 1.0}]}
     assert endtoend.step_seconds(ingest_report) == {"download_day": 2.0, "validate_day": 9.0, "day_stats": 0.5}
-    run = endtoend.EndToEndRun(rows=3_000, ingest_seconds=20.0, preprocess_seconds=40.0,
-                               ingest_steps=endtoend.step_seconds(ingest_report),
-                               preprocess_steps=endtoend.step_seconds(preprocess_report),
-                               ingest=ChildRun(seconds=20.0), preprocess=ChildRun(seconds=40.0))
-    data = endtoend.EndToEndData(runs=[run], floor=[1_000.0, 1_000.0])
-    end_to_end, retrain = endtoend.figures(data)
+    arrow_report = {"steps": [{"step": "build_dictionary", "seconds": 1.0}, {"step": "transform_dataset", "seconds": 4.0},
+                              {"step": "validate_dataset", "seconds": 1.0}]}
+    runs = [endtoend.EndToEndRun(engine=engine, rows=3_000, ingest_seconds=20.0, preprocess_seconds=seconds,
+                                 ingest_steps=endtoend.step_seconds(ingest_report),
+                                 preprocess_steps=endtoend.step_seconds(report),
+                                 ingest=ChildRun(seconds=20.0), preprocess=ChildRun(seconds=seconds))
+            for engine, seconds, report in (("spark", 40.0, preprocess_report), ("arrow", 7.0, arrow_report))]
+    data = endtoend.EndToEndData(runs=runs, floor=[1_000.0, 1_000.0])
+    end_to_end, retrain, arrow_end_to_end, arrow_retrain = endtoend.figures(data)
+    assert "spark engine" in end_to_end.name and "arrow engine" in arrow_retrain.name
     assert end_to_end.value.median == pytest.approx(3_000 / 60.0)
     assert end_to_end.ratio.median == pytest.approx(3_000 / 60.0 / 1_000.0)
     assert retrain.value.median == pytest.approx(3_000 / 40.0)  # dictionary + transform only
+    assert arrow_end_to_end.value.median == pytest.approx(3_000 / 27.0)  # the shared ingest + its own preprocess
+    assert arrow_retrain.value.median == pytest.approx(3_000 / 5.0)
     assert (end_to_end.target, retrain.target) == (">= 0.1", ">= 0.25")
     assert json.loads(json.dumps(data.to_raw()))["runs"][0]["preprocess_steps"]["transform_dataset"] == 30.0

@@ -329,11 +329,11 @@ def test_gpu_profile_keeps_nvidias_join_per_column(monkeypatch, tmp_path):
     monkeypatch.setattr(criteo_preprocess, "read_manifest", lambda path: {"kind": "criteo_dictionary",
                                                                           "inputs_fingerprint": "f"})
     monkeypatch.setattr(criteo_preprocess, "_stats_fingerprints", lambda settings, days: {str(d): "s" for d in days})
-    for profile in ("local", "cluster", "gpu"):
+    for profile in ("local", "cluster", "gpu", "gpu-explain"):
         with pytest.raises(RuntimeError, match="stop before"):
             criteo_preprocess.transform_dataset(Settings(data_root=tmp_path), tmp_path / profile, tmp_path / "dict",
                                                 [0], 1, spark_profile=profile)
-    assert seen == {"local": "arrow", "cluster": "arrow", "gpu": "join"}
+    assert seen == {"local": "arrow", "cluster": "arrow", "gpu": "join", "gpu-explain": "join"}
 
 
 def test_validate_dataset_names_the_bad_file(dataset, tmp_path):

@@ -8,12 +8,18 @@ directory, under the DAG run's directory (tasks.core.run_dir), so a retry replac
 Dictionary window: by default the dictionary is built over the train days only. NVIDIA's run scripts build it over
 days 0-23, the test day included, which leaks the test day's vocabulary into training: a value first seen on the
 test day gets an embedding row (never trained) instead of 0. `dictionary_days="all"` reproduces NVIDIA exactly.
+
+Engine (`engine=`, else RECFLOW_CRITEO_PREPROCESS_ENGINE, else spark): `spark` spark-submits the jobs in spark_jobs/
+criteo/; `arrow` runs tasks.criteo.preprocess_arrow in this process with the same arguments (one machine, no JVM).
+Both write the same output, so the cache key does not name the engine; the result (and the arrow manifest's
+extra.engine) says which one ran.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import os
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -21,6 +27,7 @@ from typing import Any
 
 from tasks.criteo import layout
 from tasks.core.config import Settings
+from tasks.core.spark_submit import GPU_PROFILES
 from tasks.criteo.ingest import StepInputMissing
 from tasks.criteo.schema import CAT_COLUMNS
 from tasks.core.storage import completed_manifest, fingerprint, read_manifest
@@ -35,6 +42,8 @@ DICTIONARY_VERSION = 1
 TRANSFORM_VERSION = 2
 DICTIONARY_DAYS = ("train", "all")
 DEFAULT_SEED = 12345
+PREPROCESS_ENGINES = ("spark", "arrow")
+ENGINE_ENV = "RECFLOW_CRITEO_PREPROCESS_ENGINE"
 
 
 class DatasetInvalid(ValueError):
@@ -76,6 +85,34 @@ def _check_overrides(overrides: Mapping[str, int] | None) -> dict[str, int]:
     return checked
 
 
+def preprocess_engine(engine: str | None) -> str:
+    """The engine given, else RECFLOW_CRITEO_PREPROCESS_ENGINE, else spark; a bad one is a ValueError naming its
+    origin."""
+    chosen = engine or os.environ.get(ENGINE_ENV) or "spark"
+    if chosen not in PREPROCESS_ENGINES:
+        where = "engine" if engine else ENGINE_ENV
+        raise ValueError(f"{where} {chosen!r}: expected one of {', '.join(PREPROCESS_ENGINES)}")
+    return chosen
+
+
+def _run_arrow(job: str, args: list[str], out_dir: Path, inputs: dict[str, Any]) -> dict[str, Any]:
+    """tasks.criteo.preprocess_arrow's `job` in this process with the Spark job's argv; the manifest it wrote."""
+    from tasks.criteo import preprocess_arrow
+
+    started = time.monotonic()
+    main = {"dictionary": preprocess_arrow.dictionary_main, "transform": preprocess_arrow.transform_main}[job]
+    main([*args, "--output", str(out_dir), "--inputs-json", json.dumps(inputs)])
+    manifest = read_manifest(out_dir)
+    if manifest is None or manifest.get("inputs_fingerprint") != fingerprint(inputs):
+        raise RuntimeError(f"arrow {job} finished but wrote no manifest for these inputs in {out_dir}")
+    log.info("arrow %s finished in %.1f s", job, time.monotonic() - started)
+    return manifest
+
+
+def _engine_of(manifest: dict[str, Any]) -> str:
+    return manifest.get("extra", {}).get("engine", "spark")
+
+
 def _submit(job: str, args: list[str], out_dir: Path, inputs: dict[str, Any], label: str, spark_master: str,
             profile: str, spark_conf: Mapping[str, str] | None) -> dict[str, Any]:
     """spark-submit a job and return the manifest it wrote for exactly these inputs."""
@@ -95,12 +132,14 @@ def _submit(job: str, args: list[str], out_dir: Path, inputs: dict[str, Any], la
 def build_dictionary(settings: Settings, out_dir: Path, train_days: Sequence[int], test_day: int,
                      frequency_threshold: int = 15, threshold_overrides: Mapping[str, int] | None = None,
                      dictionary_days: str = "train", spark_master: str = "local[*]", spark_profile: str | None = None,
-                     spark_conf: Mapping[str, str] | None = None) -> dict[str, Any]:
+                     spark_conf: Mapping[str, str] | None = None, engine: str | None = None) -> dict[str, Any]:
     """Dictionary of the window from the per-day value counts (spark_jobs/criteo/dictionary.py, by spark-submit).
 
     dictionary_days: "train" (default) sums the train days' counts; "all" adds the test day, as NVIDIA does.
     threshold_overrides: per-column thresholds, e.g. {"cat_3": 2}; 0 keeps every value.
+    engine: spark | arrow (None: RECFLOW_CRITEO_PREPROCESS_ENGINE, else spark); not part of the cache key.
     """
+    engine = preprocess_engine(engine)
     days = _check_days(train_days, test_day)
     if dictionary_days not in DICTIONARY_DAYS:
         raise ValueError(f"dictionary_days {dictionary_days!r}: expected one of {DICTIONARY_DAYS}")
@@ -119,26 +158,30 @@ def build_dictionary(settings: Settings, out_dir: Path, train_days: Sequence[int
         args = ["--counts", *counts, "--frequency-threshold", str(frequency_threshold)]
         if overrides:
             args += ["--threshold-overrides", ",".join(f"{name}:{value}" for name, value in overrides.items())]
-        manifest = _submit("criteo/dictionary.py", args, out_dir, inputs, f"spark dictionary days={window}",
-                           spark_master, spark_profile or settings.spark_profile, spark_conf)
+        if engine == "arrow":
+            manifest = _run_arrow("dictionary", args, out_dir, inputs)
+        else:
+            manifest = _submit("criteo/dictionary.py", args, out_dir, inputs, f"spark dictionary days={window}",
+                               spark_master, spark_profile or settings.spark_profile, spark_conf)
     else:
         log.info("dictionary over days %s already built for these inputs (%s): nothing to do", window, out_dir)
     cardinalities = manifest["extra"]["cardinalities"]
     return {"path": str(out_dir), "days": window, "values": manifest["rows"]["values"],
             "cardinalities": [cardinalities[name] for name in CAT_COLUMNS],
-            "fingerprint": manifest["inputs_fingerprint"], "cached": cached}
+            "fingerprint": manifest["inputs_fingerprint"], "cached": cached, "engine": _engine_of(manifest)}
 
 
 def transform_dataset(settings: Settings, out_dir: Path, dictionary_dir: Path, train_days: Sequence[int],
                       test_day: int, seed: int = DEFAULT_SEED, broadcast_max_values: int = 1_000_000,
                       skew_cutoff_pct: float = 1.0, spark_master: str = "local[*]", spark_profile: str | None = None,
-                      spark_conf: Mapping[str, str] | None = None) -> dict[str, Any]:
+                      spark_conf: Mapping[str, str] | None = None, engine: str | None = None) -> dict[str, Any]:
     """Split-binary train/test/validation + feature_spec.yaml (spark_jobs/criteo/transform.py, by spark-submit).
 
     broadcast_max_values and skew_cutoff_pct choose join strategies only (as does the profile: the GPU profile joins
     per column, CPU profiles look up in one Arrow pass); they do not change the output, so they are not part of the
-    cache key.
+    cache key. engine: spark | arrow (None: RECFLOW_CRITEO_PREPROCESS_ENGINE, else spark); not part of the key either.
     """
+    engine = preprocess_engine(engine)
     days = _check_days(train_days, test_day)
     dictionary_dir = Path(dictionary_dir)
     dictionary = read_manifest(dictionary_dir)
@@ -160,18 +203,22 @@ def transform_dataset(settings: Settings, out_dir: Path, dictionary_dir: Path, t
             return str(layout.stats_day(settings.data_root, day) / "columnar")
 
         profile = spark_profile or settings.spark_profile
-        # The RAPIDS Accelerator runs NVIDIA's join per column on the GPU; CPU profiles look up in one Arrow pass.
-        lookup = "join" if profile == "gpu" else "arrow"
+        # The RAPIDS Accelerator runs NVIDIA's join per column on the GPU (gpu-explain explains that plan); CPU
+        # profiles look up in one Arrow pass.
+        lookup = "join" if profile in GPU_PROFILES else "arrow"
         args = ["--train-days", *map(columnar, days), "--test-day", columnar(test_day),
                 "--dictionary", str(dictionary_dir), "--seed", str(seed),
                 "--broadcast-max-values", str(broadcast_max_values), "--skew-cutoff-pct", str(skew_cutoff_pct),
                 "--dictionary-lookup", lookup]
-        manifest = _submit("criteo/transform.py", args, out_dir, inputs, f"spark transform days={days}+{test_day}",
-                           spark_master, profile, spark_conf)
+        if engine == "arrow":
+            manifest = _run_arrow("transform", args, out_dir, inputs)
+        else:
+            manifest = _submit("criteo/transform.py", args, out_dir, inputs,
+                               f"spark transform days={days}+{test_day}", spark_master, profile, spark_conf)
     else:
         log.info("dataset for these inputs already written (%s): nothing to do", out_dir)
     return {"path": str(out_dir), "rows": manifest["rows"], "cardinalities": manifest["extra"]["cardinalities"],
-            "fingerprint": manifest["inputs_fingerprint"], "cached": cached}
+            "fingerprint": manifest["inputs_fingerprint"], "cached": cached, "engine": _engine_of(manifest)}
 
 
 def validate_dataset(dataset_dir: Path) -> dict[str, Any]:

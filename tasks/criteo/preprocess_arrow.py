@@ -1,0 +1,618 @@
+"""Criteo's dictionary and transform on one machine with pyarrow + numpy: the Spark jobs' output, byte for byte.
+
+  dictionary_main(argv)   the argv of spark_jobs/criteo/dictionary.py; the same dictionary/ rows, cardinalities.json,
+                          model_size.json and manifest `extra` (plus extra.engine = "arrow")
+  transform_main(argv)    the argv of spark_jobs/criteo/transform.py; the same split-binary files, feature_spec.yaml and
+                          manifest `extra` (plus extra.engine = "arrow"); join options only name the joins recorded
+
+Why: on one machine the Spark jobs pay ~10 s of JVM start each and stream every output row through the driver
+anyway; these functions do the same work in-process (docs/preprocess_arrow.md has the measurements).
+
+Dictionary. The window's counts are read batch by batch and split by column into Arrow IPC spill files inside the
+output's temporary directory; then one column at a time is summed (group_by), thresholded and numbered by (count
+desc, value asc) -- Arrow sorts strings bytewise, as Spark does. Memory: one batch, then the largest column.
+
+Transform. The same rules as the Spark job (ids, 0 for missing/rare/unseen; log(x + 3) -> float32, 0 for missing and
+x + 3 <= 0; dense row_order per day; train ordered by (xxhash64(seed, source, row_order), source, row_order); test
+= the first floor(n/2) rows of the test day by row_order, validation the rest), as an external sort:
+  pass 1  each day's columnar parquet is streamed in batches (categoricals read dictionary-encoded), transformed,
+          keyed, and its rows appended as packed records to bucket files inside the output's temporary directory: a
+          train row to the bucket of its key's top bits (in the key's signed order), a test-day row to the bucket of
+          its row_order range, as test or validation (the test day is read once). One job per parquet row group, run
+          by a pool of `workers` spawned processes, each appending to its own files.
+  pass 2  one bucket at a time is loaded, sorted exactly like Spark's orderBy (a thread prepares the next one) and
+          streamed into tasks.formats.split_binary.write_dataset.
+Memory is one batch per pass-1 process and two buckets (`bucket_rows` each) in pass 2, whatever the number of days.
+A caller that runs this in a spawned pool must guard its main module (`if __name__ == "__main__":`), as
+multiprocessing's spawn requires; `python -m tasks`, Airflow and pytest do.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import math
+import os
+import shutil
+import uuid
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
+from dataclasses import asdict, dataclass
+import multiprocessing
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.dataset as pads
+import pyarrow.parquet as pq
+
+from spark_jobs.criteo import dictionary as spark_dictionary
+from spark_jobs.criteo import transform as spark_transform
+from spark_jobs.criteo.dictionary import DICTIONARY, DictionaryResult
+from spark_jobs.criteo.transform import INDEX_MASK, MAPPINGS, PARTITION_SHIFT, ROW_ORDER, TransformResult
+from tasks.core.progress import ProgressLog
+from tasks.core.storage import Manifest, atomic_directory, write_manifest
+from tasks.criteo.schema import CAT_COLUMNS, INT_COLUMNS, LABEL, NUM_INT_FEATURES
+from tasks.formats.feature_spec import DTYPE_SELECTOR, FeatureSpec
+from tasks.formats.split_binary import write_dataset
+
+log = logging.getLogger(__name__)
+
+ENGINE = "arrow"
+BATCH_ROWS = 1 << 18
+BUCKET_ROWS = 1 << 20        # rows of one pass-2 bucket (~170 bytes each in memory, twice while sorting)
+WORKERS = 2                  # pass-1 processes (days in parallel)
+PROGRESS_SECONDS = 10.0
+SPILL_DIR = "_arrow_spill"
+DICTIONARY_FILE = "part-00000.parquet"
+DICTIONARY_SCHEMA = pa.schema([pa.field("column", pa.int32()), pa.field("value", pa.string()),
+                               pa.field("id", pa.int32(), nullable=False), pa.field("count", pa.int64())])
+_COUNTS_SPILL_SCHEMA = pa.schema([pa.field("value", pa.string()), pa.field("count", pa.int64())])
+
+
+# ---- Spark's xxhash64 (org.apache.spark.sql.catalyst.expressions.XxHash64, seed 42) --------------------------------
+
+_P1, _P2, _P3, _P4, _P5 = (np.uint64(p) for p in (0x9E3779B185EBCA87, 0xC2B2AE3D27D4EB4F, 0x165667B19E3779F9,
+                                                   0x85EBCA77C2B2AE63, 0x27D4EB2F165667C5))
+SPARK_HASH_SEED = 42
+
+
+def _rotl(x: np.ndarray, r: int) -> np.ndarray:
+    return (x << np.uint64(r)) | (x >> np.uint64(64 - r))
+
+
+def _fmix(h: np.ndarray) -> np.ndarray:
+    h = h ^ (h >> np.uint64(33))
+    h = h * _P2
+    h = h ^ (h >> np.uint64(29))
+    h = h * _P3
+    return h ^ (h >> np.uint64(32))
+
+
+def xxhash64_int(values: np.ndarray, seed: np.ndarray) -> np.ndarray:
+    """XXH64.hashInt: a 4-byte int hashed with the running hash as seed (uint64 arrays, wrapping arithmetic)."""
+    h = seed + _P5 + np.uint64(4)
+    h = h ^ (np.asarray(values, dtype=np.int64).astype(np.uint64) & np.uint64(0xFFFFFFFF)) * _P1
+    return _fmix(_rotl(h, 23) * _P2 + _P3)
+
+
+def xxhash64_long(values: np.ndarray, seed: np.ndarray) -> np.ndarray:
+    """XXH64.hashLong: an 8-byte long hashed with the running hash as seed."""
+    h = seed + _P5 + np.uint64(8)
+    h = h ^ _rotl(np.asarray(values, dtype=np.int64).view(np.uint64) * _P2, 31) * _P1
+    return _fmix(_rotl(h, 27) * _P1 + _P4)
+
+
+def shuffle_keys(seed: int, source: int, row_order: np.ndarray) -> np.ndarray:
+    """F.xxhash64(F.lit(seed), F.lit(source), row_order) as int64: a literal that fits an int hashes as 4 bytes."""
+    h = np.full(1, SPARK_HASH_SEED, dtype=np.uint64)
+    seed_array = np.array([seed], dtype=np.int64)
+    h = xxhash64_int(seed_array, h) if -(1 << 31) <= seed < (1 << 31) else xxhash64_long(seed_array, h)
+    h = xxhash64_int(np.array([source]), h)
+    return xxhash64_long(row_order, h).view(np.int64)
+
+
+# ---- dictionary ----------------------------------------------------------------------------------------------------
+
+def parquet_dataset(directory: str | Path, what: str) -> pads.Dataset:
+    """A Spark-style parquet directory (files starting with _ or . ignored); FileNotFoundError when absent."""
+    if not Path(directory).is_dir():
+        raise FileNotFoundError(f"{what} {directory} does not exist")
+    return pads.dataset(str(directory), format="parquet")
+
+
+def spill_counts_by_column(counts_dirs: Sequence[str], spill: Path) -> list[Path | None]:
+    """Every (value, count) of the window appended to its column's IPC file; the files, by column."""
+    spill.mkdir()
+    paths: list[Path | None] = [None] * len(CAT_COLUMNS)
+    writers: dict[int, pa.ipc.RecordBatchFileWriter] = {}
+    try:
+        for directory in counts_dirs:
+            for batch in parquet_dataset(directory, "counts").to_batches(columns=["column", "value", "count"]):
+                columns = batch.column(0).to_numpy(zero_copy_only=False)
+                if len(columns) and (columns.min() < 0 or columns.max() >= len(CAT_COLUMNS)):
+                    raise ValueError(f"{directory}: column index outside 0..{len(CAT_COLUMNS) - 1} in the counts")
+                order = np.argsort(columns, kind="stable")
+                bounds = np.searchsorted(columns[order], np.arange(len(CAT_COLUMNS) + 1))
+                part = pa.Table.from_batches([batch]).select(["value", "count"]).take(order)
+                for index in np.flatnonzero(np.diff(bounds)):
+                    if index not in writers:
+                        paths[index] = spill / f"column-{index:02d}.arrow"
+                        writers[index] = pa.ipc.new_file(paths[index], _COUNTS_SPILL_SCHEMA)
+                    piece = part.slice(bounds[index], bounds[index + 1] - bounds[index])
+                    writers[index].write_table(piece.cast(_COUNTS_SPILL_SCHEMA))
+    finally:
+        for writer in writers.values():
+            writer.close()
+    return paths
+
+
+def column_dictionary(path: Path | None, index: int, threshold: int) -> tuple[pa.Table, dict[str, float | int]]:
+    """One column's dictionary rows (ids by count desc, value asc) and its summary, from its spilled counts."""
+    if path is None:
+        return DICTIONARY_SCHEMA.empty_table(), {"threshold": threshold, "kept": 0, "dropped": 0,
+                                                 "occurrences_kept_share": 1.0}
+    with pa.memory_map(str(path)) as source:
+        counts = pa.ipc.open_file(source).read_all()
+    summed = counts.filter(pc.is_valid(counts.column("value"))).group_by("value").aggregate([("count", "sum")])
+    summed = summed.rename_columns(["value", "count"] if summed.column_names[0] == "value" else ["count", "value"])
+    total = summed.column("count").to_numpy()
+    kept_mask = total >= threshold
+    kept = summed.filter(pa.array(kept_mask)).select(["value", "count"])
+    kept = kept.take(pc.sort_indices(kept, sort_keys=[("count", "descending"), ("value", "ascending")]))
+    n = kept.num_rows
+    rows = pa.Table.from_arrays([pa.array(np.full(n, index, dtype=np.int32)), kept.column("value"),
+                                 pa.array(np.arange(1, n + 1, dtype=np.int32)), kept.column("count")],
+                                schema=DICTIONARY_SCHEMA)
+    occurrences, kept_occurrences = int(total.sum()), int(total[kept_mask].sum())
+    summary = {"threshold": threshold, "kept": n, "dropped": len(total) - n,
+               "occurrences_kept_share": round(kept_occurrences / occurrences, 6) if occurrences else 1.0}
+    return rows, summary
+
+
+def dictionary_main(argv: Sequence[str]) -> DictionaryResult:
+    """spark_jobs/criteo/dictionary.py's main, in this process (its argv, its output)."""
+    args = spark_dictionary.parse_args(argv)
+    thresholds = spark_dictionary.column_thresholds(
+        args.frequency_threshold, spark_dictionary.parse_threshold_overrides(args.threshold_overrides))
+    started = time.monotonic()
+    with atomic_directory(args.output) as tmp:
+        log.info("summing value counts of %d days (arrow): %s", len(args.counts), ", ".join(args.counts))
+        spill = spill_counts_by_column(args.counts, tmp / SPILL_DIR)
+        summary: dict[str, dict[str, float | int]] = {}
+        (tmp / DICTIONARY).mkdir()
+        with pq.ParquetWriter(tmp / DICTIONARY / DICTIONARY_FILE, DICTIONARY_SCHEMA, compression="snappy") as out:
+            for index, name in enumerate(CAT_COLUMNS):
+                rows, summary[name] = column_dictionary(spill[index], index, thresholds[index])
+                if rows.num_rows:
+                    out.write_table(rows)
+        shutil.rmtree(tmp / SPILL_DIR)
+        cardinalities = spark_dictionary.write_sizes(tmp, summary)
+        values = sum(int(s["kept"]) for s in summary.values())
+        for name, s in summary.items():
+            log.info("%s: threshold %d, kept %d values, dropped %d, %.2f%% of occurrences kept", name,
+                     s["threshold"], s["kept"], s["dropped"], 100 * float(s["occurrences_kept_share"]))
+        manifest = Manifest(kind="criteo_dictionary", inputs=json.loads(args.inputs_json), rows={"values": values},
+                            extra={"counts": list(args.counts), "frequency_threshold": args.frequency_threshold,
+                                   "cardinalities": cardinalities, "summary": summary, "engine": ENGINE})
+        write_manifest(tmp, manifest)
+    log.info("dictionary (arrow): %d values over %d columns in %s, %.1f s", values, len(CAT_COLUMNS), args.output,
+             time.monotonic() - started)
+    return DictionaryResult(str(args.output), values, cardinalities)
+
+
+# ---- transform: the per-row rules ----------------------------------------------------------------------------------
+
+def _string_parts(array: pa.Array) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(lengths, valid mask, value bytes) of a string array, without copying the bytes."""
+    if len(array) == 0:
+        return np.empty(0, np.int32), np.empty(0, bool), np.empty(0, np.uint8)
+    _, offsets_buffer, data_buffer = array.buffers()[:3]
+    offsets = np.frombuffer(offsets_buffer, dtype=np.int32)[array.offset: array.offset + len(array) + 1]
+    data = np.frombuffer(data_buffer, dtype=np.uint8) if data_buffer is not None else np.empty(0, np.uint8)
+    valid = (np.ones(len(array), dtype=bool) if array.null_count == 0
+             else pc.is_valid(array).to_numpy(zero_copy_only=False))
+    return np.diff(offsets), valid, data[offsets[0]: offsets[-1]]
+
+
+def eight_byte_keys(array: pa.Array) -> tuple[np.ndarray, np.ndarray] | None:
+    """(valid mask, int64 keys of the valid values) when every valid value is 8 bytes long, else None.
+
+    A Criteo categorical is 8 hex characters: its 8 bytes read as one int64 are a key equal for equal strings and
+    only for them (Spark compares strings bytewise), with no parsing.
+    """
+    lengths, valid, data = _string_parts(array)
+    if np.any(lengths[valid] != 8) or np.any(lengths[~valid] != 0):
+        return None
+    return valid, data.view("<i8")
+
+
+class DictionaryLookup:
+    """value -> id of each categorical column, from a dictionary directory (ids checked to be 1..n per column).
+
+    A column whose values are all 8 bytes long (every real Criteo value) is looked up as int64 keys in a pandas hash
+    index; any other column (or batch) with pyarrow's index_in on the strings. Both give the Spark job's ids.
+    """
+
+    def __init__(self, dictionary_dir: Path, cardinalities: list[int]) -> None:
+        import pandas as pd
+
+        table = parquet_dataset(dictionary_dir / DICTIONARY, "dictionary").to_table(columns=["column", "value", "id"])
+        table = table.take(pc.sort_indices(table, sort_keys=[("column", "ascending"), ("id", "ascending")]))
+        column_ids = table.column("column").to_numpy()
+        bounds = np.searchsorted(column_ids, np.arange(len(CAT_COLUMNS) + 1))
+        self.values: list[pa.Array] = []
+        self.indexes: list[object | None] = []
+        for index, name in enumerate(CAT_COLUMNS):
+            part = table.slice(bounds[index], bounds[index + 1] - bounds[index])
+            ids = part.column("id").to_numpy()
+            if not np.array_equal(ids, np.arange(1, len(ids) + 1)):
+                raise ValueError(f"dictionary {name}: ids are not 1..{len(ids)}; rebuild the dictionary")
+            if len(ids) + 1 != cardinalities[index]:
+                raise ValueError(f"dictionary {name}: {len(ids)} values but cardinalities.json says "
+                                 f"{cardinalities[index]} (expected values + 1); the dictionary directory is "
+                                 "inconsistent")
+            values = part.column("value").combine_chunks()
+            self.values.append(values)
+            keys = eight_byte_keys(values)
+            self.indexes.append(pd.Index(keys[1]) if keys is not None and keys[0].all() else None)
+
+    def ids(self, index: int, column: pa.Array) -> np.ndarray:
+        """int32 ids of one batch's column; 0 for null, rare and unseen values.
+
+        A dictionary-encoded column (as pass 1 reads the parquet) is looked up once per distinct value of its chunk
+        and the ids gathered by its indices: the strings are never materialised row by row.
+        """
+        if pa.types.is_dictionary(column.type):
+            return self._dictionary_ids(index, column)
+        keys = eight_byte_keys(column) if self.indexes[index] is not None else None
+        if keys is None:
+            positions = pc.index_in(column, value_set=self.values[index])
+            return pc.fill_null(pc.add(positions, 1), 0).to_numpy(zero_copy_only=False).astype(np.int32)
+        valid, values = keys
+        found = (self.indexes[index].get_indexer(values) + 1).astype(np.int32)  # -1 (unseen) -> 0
+        if len(found) == len(column):
+            return found
+        ids = np.zeros(len(column), dtype=np.int32)
+        ids[valid] = found
+        return ids
+
+
+    def _dictionary_ids(self, index: int, column: pa.DictionaryArray) -> np.ndarray:
+        indices = column.indices
+        if len(column.dictionary) == 0 or len(column) == 0:
+            return np.zeros(len(column), dtype=np.int32)
+        per_value = self.ids(index, column.dictionary)
+        positions = np.frombuffer(indices.buffers()[1], dtype=indices.type.to_pandas_dtype())
+        positions = positions[indices.offset: indices.offset + len(indices)]
+        if indices.null_count == 0:
+            return per_value[positions]
+        valid = pc.is_valid(indices).to_numpy(zero_copy_only=False)
+        return np.where(valid, per_value[np.where(valid, positions, 0)], 0).astype(np.int32)
+
+
+def log_numerical(array: pa.Array) -> np.ndarray:
+    """Spark's coalesce(log(x + 3), 0).cast(float): float32, 0 for null and x + 3 <= 0."""
+    values = np.frombuffer(array.buffers()[1], dtype=np.int64)[array.offset: array.offset + len(array)]
+    shifted = values + 3
+    ok = shifted > 0
+    if array.null_count:
+        ok &= pc.is_valid(array).to_numpy(zero_copy_only=False)
+    out = np.zeros(len(array), dtype=np.float64)
+    np.log(shifted.astype(np.float64), out=out, where=ok)
+    return out.astype(np.float32)
+
+
+# ---- transform: pass 1, days -> bucket files -----------------------------------------------------------------------
+
+def record_dtype(cat_dtypes: Sequence[np.dtype]) -> np.dtype:
+    """A packed row of a bucket file: sort key, source, dense row_order, then the row as split-binary stores it."""
+    return np.dtype([("key", "<i8"), ("source", "<i4"), ("row_order", "<i8"), (LABEL, "i1"),
+                     ("numerical", "<f2", (NUM_INT_FEATURES,))]
+                    + [(name, np.dtype(dt).newbyteorder("<")) for name, dt in zip(CAT_COLUMNS, cat_dtypes)])
+
+
+@dataclass(frozen=True)
+class DayPlan:
+    """One day of the window: its files, rows, and the dense offset of each row_order group."""
+
+    source: int
+    path: str
+    files: list[str]
+    rows: int
+    groups: np.ndarray    # sorted row_order groups (row_order >> 33)
+    offsets: np.ndarray   # rows of the day's earlier groups, per group
+
+    def dense(self, row_order: np.ndarray) -> np.ndarray:
+        group = row_order >> PARTITION_SHIFT
+        return (row_order & INDEX_MASK) + self.offsets[np.searchsorted(self.groups, group)]
+
+
+def plan_day(source: int, path: str) -> DayPlan:
+    """Reads the day's row_order column only; ValueError like the Spark job's when a group's indexes have gaps."""
+    files = sorted(parquet_dataset(path, "columnar day").files)
+    stats: dict[int, list[int]] = {}  # group -> [rows, lowest index, highest index]
+    for file in files:
+        for batch in pq.ParquetFile(file).iter_batches(batch_size=1 << 22, columns=[ROW_ORDER]):
+            row_order = batch.column(0).to_numpy()
+            group, index = row_order >> PARTITION_SHIFT, row_order & INDEX_MASK
+            for g in np.unique(group):
+                mine = index[group == g]
+                s = stats.setdefault(int(g), [0, mine.min(), mine.max()])
+                s[0], s[1], s[2] = s[0] + len(mine), min(s[1], mine.min()), max(s[2], mine.max())
+    groups = sorted(stats)
+    offsets, rows = [], 0
+    for g in groups:
+        n, lo, hi = stats[g]
+        if (lo, hi) != (0, n - 1):
+            raise ValueError(f"{path}: row_order of partition {g} is not dense ({n} rows, indexes {lo}..{hi}): these "
+                             "day stats predate criteo_day_stats version 2; re-run criteo_ingest for the day to "
+                             "rewrite them")
+        offsets.append(rows)
+        rows += n
+    return DayPlan(source, path, files, rows, np.array(groups, dtype=np.int64), np.array(offsets, dtype=np.int64))
+
+
+@dataclass(frozen=True)
+class BucketJob:
+    """One piece of pass 1 (picklable, run by a worker): some row groups of one day's file."""
+
+    job: int
+    token: str            # this transform run: keys the workers' cached dictionary lookup
+    day: DayPlan
+    file: str
+    row_groups: list[int]
+    rows: int
+    spill: str
+    dictionary: str
+    cardinalities: list[int]
+    cat_dtypes: list[str]
+    seed: int
+    train: bool
+    bucket_bits: int      # train: 2**bits buckets by the key's top bits
+    test_buckets: int     # test day: buckets by row_order range
+    split: int            # test day: first row_order of validation
+
+
+_LOOKUPS: dict[str, DictionaryLookup] = {}  # per process: run token -> the run's dictionary lookup
+
+
+def bucket_of(job: BucketJob, keys: np.ndarray) -> np.ndarray:
+    """Train: the key's top bucket_bits bits, in signed order; test day: the row_order range (keys are row_orders)."""
+    if not job.train:
+        return keys * job.test_buckets // max(job.day.rows, 1)
+    if job.bucket_bits == 0:
+        return np.zeros(len(keys), dtype=np.int64)
+    unsigned = keys.view(np.uint64) ^ np.uint64(1 << 63)  # signed order = unsigned order with the sign bit flipped
+    return (unsigned >> np.uint64(64 - job.bucket_bits)).astype(np.int64)
+
+
+def transform_batch(batch: pa.RecordBatch, lookup: DictionaryLookup, job: BucketJob,
+                    dtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:
+    """One parquet batch as packed records grouped by bucket (ascending), and the bucket of each record.
+
+    Columns are gathered into bucket order one by one before packing: cheaper than gathering packed records, and
+    nothing is gathered when the batch is already in bucket order (a test day in file order, a single bucket).
+    """
+    row_order = job.day.dense(batch.column(ROW_ORDER).to_numpy())
+    keys = shuffle_keys(job.seed, job.day.source, row_order) if job.train else row_order
+    buckets = bucket_of(job, keys)
+    order = None if np.all(buckets[1:] >= buckets[:-1]) else np.argsort(buckets, kind="stable")
+
+    def ordered(values: np.ndarray) -> np.ndarray:
+        return values if order is None else values[order]
+
+    records = np.empty(batch.num_rows, dtype=dtype)
+    records["key"], records["source"], records["row_order"] = ordered(keys), job.day.source, ordered(row_order)
+    records[LABEL] = ordered(batch.column(LABEL).to_numpy(zero_copy_only=False))
+    records["numerical"] = ordered(np.column_stack([log_numerical(batch.column(name)) for name in INT_COLUMNS]))
+    for index, name in enumerate(CAT_COLUMNS):
+        records[name] = ordered(lookup.ids(index, batch.column(name)))
+    return records, ordered(buckets)
+
+
+def bucket_path(spill: Path, mapping: str, bucket: int) -> Path:
+    """This process's file of a bucket: each pass-1 process appends to its own, so no two write one file."""
+    return spill / f"{mapping}-{bucket:05d}-{os.getpid()}.rows"
+
+
+def bucket_files(spill: Path) -> dict[tuple[str, int], list[Path]]:
+    """(mapping, bucket) -> the files pass 1 wrote for it."""
+    files: dict[tuple[str, int], list[Path]] = {}
+    for name in sorted(os.listdir(spill)):
+        mapping, bucket, _ = name.split("-")
+        files.setdefault((mapping, int(bucket)), []).append(spill / name)
+    return files
+
+
+def run_bucket_job(job: BucketJob) -> int:
+    """Pass 1 for one piece: its rows transformed and appended to bucket files; returns the rows."""
+    lookup = _LOOKUPS.get(job.token)
+    if lookup is None:
+        _LOOKUPS.clear()  # an earlier run's, in a reused worker
+        lookup = _LOOKUPS[job.token] = DictionaryLookup(Path(job.dictionary), job.cardinalities)
+    dtype = record_dtype([np.dtype(d) for d in job.cat_dtypes])
+    spill, rows = Path(job.spill), 0
+    parquet = pq.ParquetFile(job.file, read_dictionary=list(CAT_COLUMNS))
+    for batch in parquet.iter_batches(batch_size=BATCH_ROWS, row_groups=job.row_groups):
+        records, buckets = transform_batch(batch, lookup, job, dtype)
+        bounds = np.searchsorted(buckets, np.arange(int(buckets.max(initial=0)) + 2))
+        for b in np.flatnonzero(np.diff(bounds)):
+            part = records[bounds[b]:bounds[b + 1]]
+            if job.train:
+                pieces = [("train", part)]
+            elif np.all(part["row_order"][1:] > part["row_order"][:-1]):  # in file order: two slices, no copy
+                cut = int(np.searchsorted(part["row_order"], job.split))
+                pieces = [("test", part[:cut]), ("validation", part[cut:])]
+            else:
+                test = part["row_order"] < job.split
+                pieces = [("test", part[test]), ("validation", part[~test])]
+            for mapping, piece in pieces:
+                if len(piece):
+                    with open(bucket_path(spill, mapping, int(b)), "ab") as f:
+                        piece.tofile(f)
+        rows += batch.num_rows
+    return rows
+
+
+def sort_order(records: np.ndarray) -> np.ndarray | None:
+    """Spark's orderBy(key, source, row_order) of a bucket (None: already in order, as a test day in file order
+    is); a 64-bit key rarely ties, so that is a plain argsort."""
+    if np.all(records["key"][1:] > records["key"][:-1]):
+        return None
+    order = np.argsort(records["key"], kind="stable")
+    keys = records["key"][order]
+    if np.any(keys[1:] == keys[:-1]):
+        order = np.lexsort((records["row_order"], records["source"], records["key"]))
+    return order
+
+
+class BucketStream:
+    """Pass 2 for one mapping: its buckets in key order, each loaded, sorted and yielded as split-binary batches.
+
+    A thread loads and sorts the next bucket while the current one is written (numpy's sort, gather and file reads
+    release the GIL): the second core's share of pass 2. Memory: two buckets.
+    """
+
+    def __init__(self, mapping: str, files: dict[tuple[str, int], list[Path]], buckets: int, dtype: np.dtype,
+                 total: int) -> None:
+        self.mapping, self.files, self.buckets, self.dtype = mapping, files, buckets, dtype
+        self.total, self.rows = total, 0
+
+    def load(self, bucket: int) -> np.ndarray | None:
+        """The bucket's records in output order (its files deleted), or None when it is empty."""
+        files = self.files.get((self.mapping, bucket), [])
+        if not files:
+            return None
+        parts = [np.fromfile(p, dtype=self.dtype) for p in files]
+        records = parts[0] if len(parts) == 1 else np.concatenate(parts)
+        for p in files:
+            p.unlink()
+        order = sort_order(records)
+        return records if order is None else records[order]
+
+    def __iter__(self) -> Iterator[tuple]:
+        progress = ProgressLog(f"{self.mapping}: sorting buckets, writing split binary", total=self.total,
+                               every_s=PROGRESS_SECONDS, logger=log)
+        with ThreadPoolExecutor(max_workers=1) as loader:
+            pending = loader.submit(self.load, 0) if self.buckets else None
+            for bucket in range(self.buckets):
+                records = pending.result()
+                pending = loader.submit(self.load, bucket + 1) if bucket + 1 < self.buckets else None
+                if records is None:
+                    continue
+                for start in range(0, len(records), BATCH_ROWS):
+                    part = records[start:start + BATCH_ROWS]
+                    yield part[LABEL], part["numerical"], [part[name] for name in CAT_COLUMNS]
+                    self.rows += len(part)
+                    progress.report(self.rows)
+        progress.report(self.rows, force=True)
+
+
+# ---- transform: the job ---------------------------------------------------------------------------------------------
+
+def plan_jobs(plans: Sequence[DayPlan], base: dict) -> list[BucketJob]:
+    """One job per row group of every day's files (their rows known from the parquet footers)."""
+    jobs, token = [], uuid.uuid4().hex
+    for plan in plans:
+        for file in plan.files:
+            metadata = pq.ParquetFile(file).metadata
+            for group in range(metadata.num_row_groups):
+                rows = metadata.row_group(group).num_rows
+                if rows:
+                    jobs.append(BucketJob(job=len(jobs), token=token, day=plan, file=file, row_groups=[group],
+                                          rows=rows, train=plan.source < len(plans) - 1, **base))
+    return jobs
+
+
+def run_pass_one(jobs: Sequence[BucketJob], workers: int) -> int:
+    """Every job, in a pool of `workers` processes (in this one when 1); progress by rows done."""
+    total = sum(job.rows for job in jobs)
+    progress = ProgressLog("transform + bucket", total=total, every_s=PROGRESS_SECONDS, logger=log)
+    done = 0
+    if workers > 1 and multiprocessing.current_process().daemon:
+        log.info("pass 1 runs in this process: a daemonic process cannot start a pool")
+        workers = 1
+    if workers <= 1 or len(jobs) <= 1:
+        for job in jobs:
+            done += run_bucket_job(job)
+            progress.report(done)
+        return done
+    # spawn, not fork: this process already runs pyarrow's threads, which a fork does not carry over safely
+    with ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+        for rows in pool.map(run_bucket_job, jobs):
+            done += rows
+            progress.report(done)
+    return done
+
+
+def transform_main(argv: Sequence[str], *, bucket_rows: int = BUCKET_ROWS,
+                   workers: int = WORKERS) -> TransformResult:
+    """spark_jobs/criteo/transform.py's main, in this process (its argv, its output). The join options only decide
+    which join the manifest names per column, as the Spark job would choose it."""
+    args = spark_transform.parse_args(argv)
+    started = time.monotonic()
+    cardinalities = spark_transform.load_cardinalities(args.dictionary)
+    lookup = DictionaryLookup(args.dictionary, cardinalities)  # checks the dictionary before any work
+    joins = {name: "empty" if len(values) == 0 else "broadcast" if len(values) <= args.broadcast_max_values
+             else "skew" for name, values in zip(CAT_COLUMNS, lookup.values)}
+    plans = [plan_day(source, path) for source, path in enumerate([*args.train_days, args.test_day])]
+    n = plans[-1].rows
+    if n < 2:
+        raise ValueError(f"the test day has {n} rows; splitting it into test and validation needs at least 2")
+    split = n // 2
+    log.info("test day: %d rows; test = %d rows before row_order %d, validation = %d rows", n, n // 2, split,
+             n - n // 2)
+    spec = FeatureSpec.get_default_feature_spec(NUM_INT_FEATURES, cardinalities)
+    cat_dtypes = [str(np.dtype(spec.feature_spec[name][DTYPE_SELECTOR]))
+                  for name in spec.get_categorical_feature_names()]
+    train_rows = sum(plan.rows for plan in plans[:-1])
+    bits = max(0, math.ceil(math.log2(max(train_rows / bucket_rows, 1))))
+    test_buckets = max(1, math.ceil(n / bucket_rows))
+    dtype = record_dtype([np.dtype(d) for d in cat_dtypes])
+    with atomic_directory(args.output) as tmp:
+        spill = tmp / SPILL_DIR
+        spill.mkdir()
+        jobs = plan_jobs(plans, dict(spill=str(spill), dictionary=str(args.dictionary), cardinalities=cardinalities,
+                                     cat_dtypes=cat_dtypes, seed=args.seed, bucket_bits=bits,
+                                     test_buckets=test_buckets, split=split))
+        log.info("pass 1: %d days, %d row groups, %d worker(s); %d train buckets, %d test-day buckets", len(plans),
+                 len(jobs), workers, 1 << bits, test_buckets)
+        if jobs:
+            _LOOKUPS[jobs[0].token] = lookup  # pass 1 in this process reuses it; workers build their own
+        try:
+            run_pass_one(jobs, workers)
+        finally:
+            _LOOKUPS.clear()
+        files = bucket_files(spill)
+        streams = {"train": BucketStream("train", files, 1 << bits, dtype, train_rows),
+                   "test": BucketStream("test", files, test_buckets, dtype, split),
+                   "validation": BucketStream("validation", files, test_buckets, dtype, n - split)}
+        write_dataset(tmp, streams, cardinalities, NUM_INT_FEATURES)
+        shutil.rmtree(spill)
+        rows = {name: streams[name].rows for name in MAPPINGS}
+        if rows["train"] == 0:
+            raise ValueError(f"the train days hold no rows: {', '.join(args.train_days)}")
+        if (rows["test"], rows["validation"]) != (n // 2, n - n // 2):
+            raise RuntimeError(f"test/validation wrote {rows['test']}/{rows['validation']} rows, expected "
+                               f"{n // 2}/{n - n // 2} of the test day's {n}")
+        manifest = Manifest(kind="criteo_transform", inputs=json.loads(args.inputs_json), rows=rows,
+                            extra={"cardinalities": cardinalities, "seed": args.seed, "split_row_order": split,
+                                   "joins": joins, "train_days": list(args.train_days), "test_day": args.test_day,
+                                   "engine": ENGINE})
+        write_manifest(tmp, manifest)
+    log.info("dataset %s (arrow): %s rows in %.1f s", args.output, rows, time.monotonic() - started)
+    return TransformResult(str(args.output), rows, cardinalities, split, joins)
+
+
+if __name__ == "__main__":
+    logging.basicConfig(level=logging.INFO, stream=sys.stdout, format="%(asctime)s %(levelname)s %(message)s")
+    job, rest = sys.argv[1], sys.argv[2:]
+    mains = {"dictionary": dictionary_main, "transform": transform_main}
+    if job not in mains:
+        raise SystemExit("usage: python -m tasks.criteo.preprocess_arrow dictionary|transform [job options]")
+    print(json.dumps(asdict(mains[job](rest))))

@@ -1,0 +1,291 @@
+"""The single-machine Arrow engine (tasks/criteo/preprocess_arrow.py) against the Spark jobs it replaces.
+
+One tiny window (synthetic days 0, 1 train and 2 test, ingested by validate_day with the arrow day-stats engine, in
+several row groups) is turned into a dictionary and a dataset once by each engine (the Spark jobs in-process, on the
+session's local[2] SparkSession) and the outputs are compared: dictionary rows, json bytes, split-binary bytes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from spark_jobs.criteo import dictionary as spark_dictionary, transform as spark_transform
+from tasks import cli
+from tasks.core.config import Settings
+from tasks.core.storage import read_manifest
+from tasks.criteo import ingest, layout, preprocess, preprocess_arrow
+from tasks.criteo.schema import CAT_COLUMNS
+from tasks.criteo.synthetic import write_criteo_day
+
+DAY_ROWS = {0: 3000, 1: 2500, 2: 2001}
+SEED = 7
+THRESHOLD = 2
+OVERRIDES = "cat_0:0,cat_9:5"
+SMALL_SPLITS = {"spark.sql.files.maxPartitionBytes": "131072"}  # the test day read as several Spark partitions
+
+
+@contextlib.contextmanager
+def logging_kept():
+    """The Spark jobs' configure_logging may replace the root handlers; give pytest its own back."""
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    try:
+        yield
+    finally:
+        root.handlers[:] = handlers
+        root.setLevel(level)
+
+
+@pytest.fixture(scope="module")
+def window(tmp_path_factory) -> Path:
+    """A data root with the three days validated (arrow engine: the stats are written in validation's pass)."""
+    root = tmp_path_factory.mktemp("arrow_window")
+    settings = Settings(data_root=root, bad_row_budget=0.01, validation_block_bytes=1 << 17)
+    for day, rows in DAY_ROWS.items():
+        raw = layout.raw_day(root, day)
+        raw.parent.mkdir(parents=True, exist_ok=True)
+        write_criteo_day(raw, day, rows, seed=11)
+        ingest.validate_day(settings, day, engine="arrow")
+    return root
+
+
+def stats(root: Path, day: int, part: str) -> str:
+    return str(layout.stats_day(root, day) / part)
+
+
+def dictionary_argv(root: Path, out: Path, days=(0, 1), *extra: str) -> list[str]:
+    return ["--counts", *(stats(root, d, "counts") for d in days), "--output", str(out),
+            "--frequency-threshold", str(THRESHOLD), "--inputs-json", '{"w": 1}', *extra]
+
+
+def transform_argv(root: Path, dictionary: Path, out: Path, test_day: str | None = None) -> list[str]:
+    return ["--train-days", stats(root, 0, "columnar"), stats(root, 1, "columnar"),
+            "--test-day", test_day or stats(root, 2, "columnar"), "--dictionary", str(dictionary),
+            "--output", str(out), "--seed", str(SEED), "--inputs-json", '{"t": 2}']
+
+
+@pytest.fixture(scope="module")
+def by_spark(spark, window) -> dict[str, Path]:
+    """Dictionary + dataset by the Spark jobs, in-process on the session's SparkSession."""
+    out = {"dictionary": window / "spark" / "dictionary", "dataset": window / "spark" / "dataset"}
+    with logging_kept():
+        spark_dictionary.main(dictionary_argv(window, out["dictionary"]))
+        spark_transform.main(transform_argv(window, out["dictionary"], out["dataset"]))
+    return out
+
+
+@pytest.fixture(scope="module")
+def by_arrow(window) -> dict[str, Path]:
+    out = {"dictionary": window / "arrow" / "dictionary", "dataset": window / "arrow" / "dataset"}
+    preprocess_arrow.dictionary_main(dictionary_argv(window, out["dictionary"]))
+    preprocess_arrow.transform_main(transform_argv(window, out["dictionary"], out["dataset"]), workers=1)
+    return out
+
+
+def dictionary_rows(directory: Path) -> tuple[list[tuple], dict[str, pa.DataType]]:
+    table = pq.read_table(directory / "dictionary")
+    rows = sorted(zip(*(table.column(c).to_pylist() for c in ("column", "id", "value", "count"))))
+    return rows, {f.name: f.type for f in table.schema}
+
+
+def dataset_bytes(dataset: Path) -> dict[str, bytes]:
+    files = sorted(p for p in dataset.rglob("*") if p.is_file() and p.name != "_MANIFEST.json")
+    return {p.relative_to(dataset).as_posix(): p.read_bytes() for p in files}
+
+
+def extra_without_engine(directory: Path) -> dict:
+    manifest = read_manifest(directory)
+    return {k: v for k, v in manifest["extra"].items() if k != "engine"} | {"rows": manifest["rows"],
+                                                                          "inputs": manifest["inputs"]}
+
+
+# ---- Spark's xxhash64 ------------------------------------------------------------------------------------------------
+
+@pytest.mark.spark
+def test_xxhash64_equals_sparks_on_edge_values(spark):
+    from pyspark.sql import functions as F
+
+    rng = np.random.default_rng(3)
+    row_orders = [0, 1, -1, 2, (1 << 33) - 1, 1 << 33, (5 << 33) | 17, (1 << 63) - 1, -(1 << 63), 180_000_000,
+                  *rng.integers(-(1 << 62), 1 << 62, 200).tolist()]
+    cases = [(seed, source) for seed in (0, 1, -1, 12345, (1 << 31) - 1, -(1 << 31), 1 << 31, -(1 << 40))
+             for source in (0, 1, 23, (1 << 31) - 1)]
+    df = spark.createDataFrame([(v,) for v in row_orders], "ro long")
+    got = df.select("ro", *[F.xxhash64(F.lit(seed), F.lit(source), F.col("ro")).alias(f"h{i}")
+                            for i, (seed, source) in enumerate(cases)]).collect()
+    by_row = {r["ro"]: r for r in got}
+    values = np.array(row_orders, dtype=np.int64)
+    for i, (seed, source) in enumerate(cases):
+        ours = preprocess_arrow.shuffle_keys(seed, source, values)
+        assert ours.dtype == np.int64
+        assert ours.tolist() == [by_row[v][f"h{i}"] for v in row_orders], (seed, source)
+
+
+# ---- the same output as the Spark jobs -------------------------------------------------------------------------------
+
+@pytest.mark.spark
+def test_dictionary_equals_sparks(by_spark, by_arrow):
+    spark_rows, spark_types = dictionary_rows(by_spark["dictionary"])
+    arrow_rows, arrow_types = dictionary_rows(by_arrow["dictionary"])
+    assert arrow_rows == spark_rows and arrow_types == spark_types
+    assert any(r[1] > 1 for r in arrow_rows) and read_manifest(by_arrow["dictionary"])["extra"]["engine"] == "arrow"
+    for name in ("cardinalities.json", "model_size.json"):
+        assert (by_arrow["dictionary"] / name).read_bytes() == (by_spark["dictionary"] / name).read_bytes(), name
+    assert extra_without_engine(by_arrow["dictionary"]) == extra_without_engine(by_spark["dictionary"])
+    summary = read_manifest(by_arrow["dictionary"])["extra"]["summary"]
+    assert any(s["dropped"] for s in summary.values())  # the threshold really dropped values
+
+
+@pytest.mark.spark
+def test_dictionary_with_overrides_over_all_days_equals_sparks(spark, window, tmp_path):
+    argv = dictionary_argv(window, tmp_path / "spark", (0, 1, 2), "--threshold-overrides", OVERRIDES)
+    with logging_kept():
+        spark_dictionary.main(argv)
+    preprocess_arrow.dictionary_main(
+        dictionary_argv(window, tmp_path / "arrow", (0, 1, 2), "--threshold-overrides", OVERRIDES))
+    assert dictionary_rows(tmp_path / "arrow") == dictionary_rows(tmp_path / "spark")
+    assert extra_without_engine(tmp_path / "arrow") == extra_without_engine(tmp_path / "spark")
+    summary = read_manifest(tmp_path / "arrow")["extra"]["summary"]
+    assert summary["cat_0"]["dropped"] == 0 and summary["cat_9"]["threshold"] == 5
+
+
+@pytest.mark.spark
+def test_dataset_is_byte_identical_to_sparks(by_spark, by_arrow):
+    arrow, spark_files = dataset_bytes(by_arrow["dataset"]), dataset_bytes(by_spark["dataset"])
+    assert sorted(arrow) == sorted(spark_files) and "feature_spec.yaml" in arrow
+    for name in spark_files:
+        assert arrow[name] == spark_files[name], name
+    assert extra_without_engine(by_arrow["dataset"]) == extra_without_engine(by_spark["dataset"])
+    assert read_manifest(by_arrow["dataset"])["rows"] == {"train": 5500, "test": 1000, "validation": 1001}
+    assert not (by_arrow["dataset"] / preprocess_arrow.SPILL_DIR).exists()
+
+
+def test_many_buckets_and_two_workers_give_the_same_bytes(window, by_arrow, tmp_path):
+    # 5500 train rows in 64-row buckets: 128 buckets; the test day in 32 row_order ranges; row groups on 2 processes
+    preprocess_arrow.transform_main(transform_argv(window, by_arrow["dictionary"], tmp_path / "ds"),
+                                    bucket_rows=64, workers=2)
+    assert dataset_bytes(tmp_path / "ds") == dataset_bytes(by_arrow["dataset"])
+
+
+@pytest.mark.spark
+def test_spark_engine_day_stats_give_the_same_bytes(spark, window, by_arrow, tmp_path):
+    """The test day's stats by the Spark day-stats job (row_order = partition << 33 | index, several partitions)."""
+    from spark_jobs.criteo import day_stats
+
+    previous = {k: spark.conf.get(k) for k in SMALL_SPLITS}
+    for key, value in SMALL_SPLITS.items():
+        spark.conf.set(key, value)
+    try:
+        with logging_kept():
+            day_stats.main(["--input", str(layout.raw_day(window, 2)), "--output", str(tmp_path / "stats"),
+                            "--day", "2"])
+    finally:
+        for key, value in previous.items():
+            spark.conf.set(key, value)
+    groups = pq.read_table(tmp_path / "stats" / "columnar").column("row_order").to_numpy() >> 33
+    assert len(np.unique(groups)) > 1
+    preprocess_arrow.transform_main(transform_argv(window, by_arrow["dictionary"], tmp_path / "ds",
+                                                   str(tmp_path / "stats" / "columnar")), workers=1)
+    assert dataset_bytes(tmp_path / "ds") == dataset_bytes(by_arrow["dataset"])
+
+
+# ---- failures ------------------------------------------------------------------------------------------------------
+
+def test_a_failure_mid_transform_leaves_no_output(window, by_arrow, tmp_path, monkeypatch):
+    calls = []
+
+    def failing_sort(records):
+        calls.append(len(records))
+        if len(calls) == 3:
+            raise OSError("disk went away")
+        return np.argsort(records["key"], kind="stable")
+
+    monkeypatch.setattr(preprocess_arrow, "sort_order", failing_sort)
+    with pytest.raises(OSError, match="disk went away"):
+        preprocess_arrow.transform_main(transform_argv(window, by_arrow["dictionary"], tmp_path / "ds"),
+                                        bucket_rows=1024, workers=1)
+    assert list(tmp_path.iterdir()) == []  # neither the output nor its temporary (with the bucket files)
+
+
+def test_row_order_with_gaps_is_refused(window, by_arrow, tmp_path):
+    table = pq.read_table(stats(window, 2, "columnar"))
+    gaps = table.set_column(table.schema.get_field_index("row_order"), "row_order",
+                            pa.array(np.arange(table.num_rows, dtype=np.int64) * 2))
+    (tmp_path / "columnar").mkdir()
+    pq.write_table(gaps, tmp_path / "columnar" / "part-00000.parquet")
+    with pytest.raises(ValueError, match=r"row_order of partition 0 is not dense \(2001 rows, indexes 0\.\.4000\)"):
+        preprocess_arrow.transform_main(transform_argv(window, by_arrow["dictionary"], tmp_path / "ds",
+                                                       str(tmp_path / "columnar")))
+    assert not (tmp_path / "ds").exists()
+
+
+def test_lookup_of_values_that_are_not_hex(tmp_path):
+    """Columns (or batches) whose values are not all 8 bytes long take pyarrow's index_in: the same ids."""
+    (tmp_path / "dictionary").mkdir()
+    values = {0: ["0000000a", "0000000b"], 1: ["a", "bb", "0000000c"]}
+    rows = [(c, v, i + 1, 10 - i) for c, vs in values.items() for i, v in enumerate(vs)]
+    pq.write_table(pa.Table.from_pylist([dict(zip(("column", "value", "id", "count"), r)) for r in rows],
+                                        schema=preprocess_arrow.DICTIONARY_SCHEMA),
+                   tmp_path / "dictionary" / "part-00000.parquet")
+    cardinalities = [3, 4] + [1] * (len(CAT_COLUMNS) - 2)
+    lookup = preprocess_arrow.DictionaryLookup(tmp_path, cardinalities)
+    hexes = pa.array(["0000000b", None, "0000000a", "ffffffff"])
+    assert lookup.ids(0, hexes).tolist() == [2, 0, 1, 0]
+    assert lookup.ids(0, pa.array(["0000000b", "A", "", None])).tolist() == [2, 0, 0, 0]
+    assert lookup.ids(1, pa.array(["bb", "0000000c", None, "a", "zz"])).tolist() == [2, 3, 0, 1, 0]
+    assert lookup.ids(2, hexes).tolist() == [0, 0, 0, 0]
+    # dictionary-encoded (as pass 1 reads parquet): looked up per distinct value, gathered by index
+    assert lookup.ids(0, hexes.dictionary_encode()).tolist() == [2, 0, 1, 0]
+    assert lookup.ids(0, pa.array(["A", "0000000a", None, "A"]).dictionary_encode()).tolist() == [0, 1, 0, 0]
+    assert lookup.ids(1, pa.array([None, None], pa.string()).dictionary_encode()).tolist() == [0, 0]
+    with pytest.raises(ValueError, match="cat_0: 2 values but cardinalities.json says 5"):
+        preprocess_arrow.DictionaryLookup(tmp_path, [5] + cardinalities[1:])
+
+
+def test_log_numerical_rules():
+    column = pa.array([None, -3, -2, 0, 7, 10**17], pa.int64())
+    expected = [0.0, 0.0, 0.0, np.log(3.0), np.log(10.0), np.log(float(10**17 + 3))]
+    assert preprocess_arrow.log_numerical(column).tolist() == np.array(expected, dtype=np.float32).tolist()
+    assert preprocess_arrow.log_numerical(column.slice(4)).tolist() == np.array(expected[4:], np.float32).tolist()
+
+
+# ---- engine selection in the task functions and the command line ---------------------------------------------------
+
+def test_task_functions_and_cli_choose_the_engine(window, by_arrow, tmp_path, monkeypatch):
+    settings = Settings(data_root=window)
+    monkeypatch.setenv(preprocess.ENGINE_ENV, "arrow")
+    built = preprocess.build_dictionary(settings, tmp_path / "dictionary", [0, 1], 2, frequency_threshold=THRESHOLD)
+    assert (built["engine"], built["cached"]) == ("arrow", False)
+    assert dictionary_rows(tmp_path / "dictionary") == dictionary_rows(by_arrow["dictionary"])
+
+    def no_spark(*args, **kwargs):
+        raise AssertionError("spark-submit ran although the output was complete")
+
+    monkeypatch.setattr("tasks.core.spark_submit.run_spark_job", no_spark)
+    # the engine is not part of the cache key: the spark engine finds the arrow engine's output complete
+    again = preprocess.build_dictionary(settings, tmp_path / "dictionary", [0, 1], 2, frequency_threshold=THRESHOLD,
+                                        engine="spark")
+    assert (again["engine"], again["cached"], again["fingerprint"]) == ("arrow", True, built["fingerprint"])
+    monkeypatch.setenv(preprocess.ENGINE_ENV, "dask")
+    with pytest.raises(ValueError, match="RECFLOW_CRITEO_PREPROCESS_ENGINE 'dask'"):
+        preprocess.build_dictionary(settings, tmp_path / "d2", [0, 1], 2)
+    monkeypatch.delenv(preprocess.ENGINE_ENV)
+
+    report = tmp_path / "report.json"
+    assert cli.main(["--data-root", str(window), "--json", str(report), "criteo", "preprocess", "--train-days",
+                     "0-1", "--test-day", "2", "--frequency-threshold", str(THRESHOLD), "--seed", str(SEED),
+                     "--engine", "arrow", "--out", str(tmp_path / "run")]) == 0
+    steps = {s["step"]: s["result"] for s in json.loads(report.read_text())["steps"]}
+    assert steps["build_dictionary"]["engine"] == steps["transform_dataset"]["engine"] == "arrow"
+    assert steps["validate_dataset"]["rows"] == {"train": 5500, "test": 1000, "validation": 1001}
+    assert dataset_bytes(tmp_path / "run" / "dataset") == dataset_bytes(by_arrow["dataset"])
+    shutil.rmtree(tmp_path / "run")
