@@ -4,9 +4,10 @@
 `build_dictionary` (Spark: sum of the window's per-day value counts, frequency threshold, ids by descending
 frequency from 1, 0 = missing/rare/unseen) → `transform` (Spark: dictionary applied, log(x+3) numericals,
 train shuffled, test day split into test/validation by file order, split-binary + FeatureSpec) →
-`validate_dataset` → `train` (torchrun, `nproc` processes; gloo on CPU, NCCL on CUDA; resumes from its last
-checkpoint on retry) → `evaluate` (ROC AUC, logloss on the test mapping) → `export` (TorchScript as a Triton
-model repository) and `gate` (AUC threshold, and no worse than the published model scored on the same test rows
+`validate_dataset` → `train` (`framework` pytorch: torchrun, `nproc` processes, gloo on CPU, NCCL on CUDA;
+tensorflow: `nproc` TensorFlow workers under MultiWorkerMirroredStrategy; either resumes from its last checkpoint on
+retry) → `evaluate` (ROC AUC, logloss on the test mapping) → `export` (TorchScript, or a TensorFlow SavedModel, as
+a Triton model repository) and `gate` (AUC threshold, and no worse than the published model scored on the same test rows
 through its own dictionary; a failed gate skips publishing) → `publish` (a self-contained version: weights,
 dictionary, preprocessing, FeatureSpec, export; `latest` moved last). `python -m tasks.criteo.predict` scores raw
 rows with any published version.
@@ -59,6 +60,10 @@ record_failure = failure_callback("criteo_dlrm")
         "nproc": Param(None, type=["null", "integer"], minimum=1, maximum=64, title="Training processes",
                        description="torchrun --nproc_per_node. Empty = the deployment's RECFLOW_TRAIN_NPROC (1)."),
         "device": device_param(),
+        "framework": Param("pytorch", type="string", enum=["pytorch", "tensorflow"], title="Framework",
+                           description="pytorch: models.dlrm (torchrun, nproc processes); tensorflow: models.dlrm_tf "
+                                       "(nproc TensorFlow workers, MultiWorkerMirroredStrategy). Same dataset, "
+                                       "knobs and test rows."),
         **knob_params(KNOBS, PROFILES),
         **release_params("criteo_dlrm"),
     },
@@ -109,10 +114,10 @@ def criteo_dlrm():
         return run_training(load_settings(), context["run_id"], run)
 
     @task
-    def evaluate(trained: dict, **context) -> dict:
-        from tasks.criteo.dlrm import evaluate as run_evaluation
+    def evaluate(run: dict, trained: dict, **context) -> dict:
+        from tasks.criteo.dlrm import evaluate as run_evaluation, framework_of
 
-        return run_evaluation(load_settings(), context["run_id"])
+        return run_evaluation(load_settings(), context["run_id"], framework=framework_of(run))
 
     @task
     def export(run: dict, trained: dict, **context) -> dict:
@@ -144,7 +149,7 @@ def criteo_dlrm():
     run = resolve_run()
     dataset = transform(run, build_dictionary(run))
     trained = train(run, validate_dataset(dataset))
-    metrics = evaluate(trained)
+    metrics = evaluate(run, trained)
     [gate(run, metrics), export(run, trained)] >> publish(run, metrics)
 
 

@@ -24,6 +24,12 @@ DATASET = "criteo"
 TRAIN_MODULE = "models.dlrm.train"
 EVALUATE_MODULE = "models.dlrm.evaluate"
 EXPORT_MODULE = "models.dlrm.export"
+# framework -> (trainer, evaluator, serving export, the weights files a version holds); the trainers share flags.
+FRAMEWORKS: dict[str, tuple[str, str, str, tuple[str, ...]]] = {
+    "pytorch": (TRAIN_MODULE, EVALUATE_MODULE, EXPORT_MODULE, ("model.pt",)),
+    "tensorflow": ("models.dlrm_tf.train", "models.dlrm_tf.evaluate", "models.dlrm_tf.export",
+                   ("model.weights.h5", "model_config.json")),
+}
 PREDICT_MODULE = "tasks.criteo.predict"
 _DAY_RANGES = re.compile(r"^\s*\d+(\s*-\s*\d+)?(\s*,\s*\d+(\s*-\s*\d+)?)*\s*$")
 
@@ -91,8 +97,25 @@ def resolve_run(settings: Settings, params: dict[str, Any], run_type: str = "man
         return None
     nproc = int(params.get("nproc") or settings.train_nproc)
     device = params.get("device") or settings.train_device
-    log.info("profile %s on %s x %d: %s", profile, device, nproc, ", ".join(f"{k}={v}" for k, v in knobs.items()))
-    return {**window, "why": why, "profile": profile, "knobs": knobs, "nproc": nproc, "device": device}
+    framework = params.get("framework") or "pytorch"
+    if framework not in FRAMEWORKS:
+        raise ValueError(f"framework must be one of {sorted(FRAMEWORKS)}, got {framework!r}")
+    log.info("profile %s, %s on %s x %d: %s", profile, framework, device, nproc,
+             ", ".join(f"{k}={v}" for k, v in knobs.items()))
+    return {**window, "why": why, "profile": profile, "knobs": knobs, "nproc": nproc, "device": device,
+            "framework": framework}
+
+
+def framework_of(run: dict[str, Any]) -> str:
+    """The run's framework (runs resolved before the param existed trained PyTorch)."""
+    return run.get("framework") or "pytorch"
+
+
+def _framework_record(run: dict[str, Any]) -> dict[str, Any]:
+    """What lineage and the config hash add for a TensorFlow run; nothing for PyTorch (its records stay as they
+    were, so published PyTorch versions compare equal to earlier ones)."""
+    framework = framework_of(run)
+    return {} if framework == "pytorch" else {"framework": framework}
 
 
 @dataclass(frozen=True)
@@ -144,25 +167,32 @@ def model_config(knobs: dict[str, Any], device: str) -> dict[str, Any]:
 
 
 def train(settings: Settings, run_id: str, run: dict[str, Any]) -> dict[str, Any]:
-    from tasks.core.launch import train_with_torchrun
+    """torchrun on nproc processes (PyTorch), or nproc TensorFlow workers (MultiWorkerMirroredStrategy)."""
+    from tasks.core.launch import train_with_tf_workers, train_with_torchrun
 
     paths = run_paths(settings, run_id)
+    if framework_of(run) == "tensorflow":
+        return train_with_tf_workers(FRAMEWORKS["tensorflow"][0], paths.dataset, paths.train,
+                                     model_config(run["knobs"], run["device"]), workers=run["nproc"],
+                                     label=f"train {run_id}")
     return train_with_torchrun(TRAIN_MODULE, paths.dataset, paths.train, model_config(run["knobs"], run["device"]),
                                nproc=run["nproc"], label=f"train {run_id}")
 
 
-def evaluate(settings: Settings, run_id: str, mapping: str = "test") -> dict[str, Any]:
+def evaluate(settings: Settings, run_id: str, mapping: str = "test", framework: str = "pytorch") -> dict[str, Any]:
     from tasks.core.launch import evaluate_in_child
 
     paths = run_paths(settings, run_id)
-    metrics = evaluate_in_child(EVALUATE_MODULE, paths.train / "model.pt", paths.dataset, paths.evaluation,
+    _, module, _, weights = FRAMEWORKS[framework]
+    metrics = evaluate_in_child(module, paths.train / weights[0], paths.dataset, paths.evaluation,
                                 mapping=mapping, label=f"evaluate {run_id}")
     log.info("test AUC %.4f, logloss %.4f on %d rows", metrics["auc"], metrics["logloss"], metrics["rows"])
     return {key: metrics[key] for key in ("auc", "logloss", "rows", "mapping")}
 
 
 def export(settings: Settings, run_id: str, run: dict[str, Any]) -> dict[str, Any]:
-    """TorchScript export of the trained model as a Triton model repository, checked against the eager model, and
+    """Serving export of the trained model as a Triton model repository, checked against the model it came from
+    (TorchScript for PyTorch, models.dlrm.export; a SavedModel for TensorFlow, models.dlrm_tf.export), and
     preprocessing.json (how raw rows become the model's inputs); publish only reads them (safe to retry)."""
     from spark_jobs.criteo.dictionary import parse_threshold_overrides
     from tasks.core.launch import run_module
@@ -175,9 +205,10 @@ def export(settings: Settings, run_id: str, run: dict[str, Any]) -> dict[str, An
     spec = preprocessing_spec(list(cardinalities.values()), knobs["frequency_threshold"],
                               parse_threshold_overrides(knobs["threshold_overrides"] or ""), dictionary_days)
     done = paths.export / "export.json"
-    model = paths.train / "model.pt"
+    _, _, module, weights = FRAMEWORKS[framework_of(run)]
+    model = paths.train / weights[0]
     if not (done.is_file() and json.loads(done.read_text()).get("source_sha256") == file_sha256(model)):
-        run_module(EXPORT_MODULE, ["--model_path", str(model), "--output_dir", str(paths.export)],
+        run_module(module, ["--model_path", str(model), "--output_dir", str(paths.export)],
                    label=f"export {run_id}", what="export")
         record = json.loads(done.read_text()) | {"source_sha256": file_sha256(model)}
         write_text_atomic(done, json.dumps(record, indent=2, sort_keys=True))
@@ -223,7 +254,7 @@ def gate(settings: Settings, run_id: str, metrics: dict[str, Any], run: dict[str
                     metrics=metrics, metric="auc", min_value=knobs["min_auc"],
                     max_regression=knobs["max_regression"],
                     window={"train_days": run["train_days"], "test_day": run["test_day"]},
-                    config_hash=fingerprint(model_config(knobs, run["device"])),
+                    config_hash=fingerprint({**model_config(knobs, run["device"]), **_framework_record(run)}),
                     gate_dir=run_paths(settings, run_id).gate, registry_conn_id=registry_conn_id,
                     score_production=lambda uri: score_published(settings, run_id, uri, run, int(metrics["rows"]),
                                                                  aws_conn_id=aws_conn_id))
@@ -243,23 +274,24 @@ def lineage(settings: Settings, run_id: str, run: dict[str, Any], params: dict[s
         "pipeline": PIPELINE, "run_id": run_id, "train_days": train_days, "test_day": test_day,
         "profile": run["profile"], "knobs": run["knobs"], "params": params,
         "model_config": model_config(run["knobs"], run["device"]), "nproc": run["nproc"],
-        "code_version": code_version(), "days": day_inputs,
+        "code_version": code_version(), "days": day_inputs, **_framework_record(run),
         "dictionary": (read_manifest(paths.dictionary) or {}).get("inputs_fingerprint"),
         "dataset": (read_manifest(paths.dataset) or {}).get("inputs_fingerprint"),
         "gate": json.loads((paths.gate / "gate.json").read_text()) if (paths.gate / "gate.json").is_file() else None,
     }
 
 
-def publishable_files(settings: Settings, run_id: str) -> dict[str, Path]:
-    """Everything a version needs to score raw rows on its own (tasks/criteo/predict.py) and to be served: weights,
-    the dictionary (parquet), preprocessing.json, the FeatureSpec, the TorchScript Triton repository, plus the
-    training curves, log and the gate's record. Raises FileNotFoundError naming what is missing."""
+def publishable_files(settings: Settings, run_id: str, framework: str = "pytorch") -> dict[str, Path]:
+    """Everything a version needs to score raw rows on its own (tasks/criteo/predict.py) and to be served: weights
+    (model.pt, or model.weights.h5 + model_config.json for TensorFlow), the dictionary (parquet),
+    preprocessing.json, the FeatureSpec, the Triton repository (TorchScript or SavedModel), plus the training
+    curves, log and the gate's record. Raises FileNotFoundError naming what is missing."""
     from spark_jobs.criteo.dictionary import DICTIONARY
     from tasks.criteo.predict import DICTIONARY_PREFIX, PREPROCESSING_FILE
 
     paths = run_paths(settings, run_id)
     files = {
-        "model.pt": paths.train / "model.pt",
+        **{name: paths.train / name for name in FRAMEWORKS[framework][3]},
         PREPROCESSING_FILE: paths.export / PREPROCESSING_FILE,
         "feature_spec.yaml": paths.dataset / "feature_spec.yaml",
         "dictionary/cardinalities.json": paths.dictionary / "cardinalities.json",
@@ -283,6 +315,20 @@ def publishable_files(settings: Settings, run_id: str) -> dict[str, Path]:
     return files
 
 
+def check_scorable(files: dict[str, Path], run_id: str, framework: str) -> dict[str, Path]:
+    """`files` when tasks.criteo.predict can score the version they make, else NotAllowed (one line, no retry): a
+    version predict cannot score would also break every later gate, which scores the production version."""
+    from tasks.core.config import NotAllowed
+    from tasks.criteo.predict import missing_for_scoring
+
+    unscorable = missing_for_scoring(list(files))
+    if unscorable:
+        raise NotAllowed(f"cannot publish {run_id}: tasks.criteo.predict cannot score a {framework} version (it "
+                         f"needs {', '.join(unscorable)}); publish a pytorch run, or teach predict to load it "
+                         "(docs/dlrm_tf.md)")
+    return files
+
+
 def publish(settings: Settings, run_id: str, when: datetime, metrics: dict[str, Any], lineage_doc: dict[str, Any],
             *, run: dict[str, Any], model_name: str, store_uri: str | None = None, aws_conn_id: str | None = None,
             registry_conn_id: str | None = None) -> dict[str, Any]:
@@ -290,8 +336,9 @@ def publish(settings: Settings, run_id: str, when: datetime, metrics: dict[str, 
     (tasks.release.steps.publish_run)."""
     from tasks.release.steps import publish_run
 
-    return publish_run(settings, pipeline=PIPELINE, run_id=run_id, when=when, metrics=metrics,
-                       lineage_doc=lineage_doc, files=lambda: publishable_files(settings, run_id),
+    framework = framework_of(run)
+    return publish_run(settings, pipeline=PIPELINE, run_id=run_id, when=when, metrics=metrics, lineage_doc=lineage_doc,
+                       files=lambda: check_scorable(publishable_files(settings, run_id, framework), run_id, framework),
                        model_name=model_name, store_uri=store_uri, aws_conn_id=aws_conn_id,
                        registry_conn_id=registry_conn_id)
 

@@ -1,0 +1,108 @@
+"""DlrmTfConfig: the TF2 DLRM's knobs as the trainer's command line.
+
+Every models.dlrm.config.DlrmConfig field is a field here too, with the same name, default and meaning where
+TensorFlow has one, so the Criteo DAG's model_config (--batch_size, --lr, --warmup_steps, ..., --amp, --device)
+drives either framework, and the learning-rate schedule is the same object (models.dlrm.config.resolve_schedule:
+NVIDIA's warmup + polynomial decay, scaled to the run). Fields that only mean something to the PyTorch trainer
+(PYTORCH_ONLY) are accepted and ignored with one log line. The TF-only fields follow NVIDIA's TF2 main.py / dlrm.py
+flags: precision (their --amp), --xla, --interaction (dot or DCNv2 cross, --num_cross_layers,
+--cross_layer_projection_dim) and the host-memory threshold for embedding tables (their
+--cpu_offloading_threshold_gb, here in bytes).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+from models.dlrm.config import DlrmConfig, LrSchedule, _opt, resolve_schedule
+
+# DlrmConfig fields with no TensorFlow meaning here, and why (logged once when set away from their default).
+PYTORCH_ONLY = {
+    "sparse_embeddings": "TF always computes IndexedSlices gradients for embedding lookups",
+    "torch_threads": "TF threads are --intra_op_threads / --inter_op_threads",
+    "shuffle_batch_order": "the tf.data reader streams batches in file order, as NVIDIA's TfRawBinaryDataset does",
+    "drop_last_train_batch": "training always drops the short last batch (NVIDIA's TF2 reader does too)",
+    "sharding": "TorchRec table sharding; the TF2 DLRM is data parallel with host-memory tables (docs/dlrm_tf.md)",
+}
+# NVIDIA TF2 --cpu_offloading_threshold_gb default: 75 GB of embedding tables per worker before offloading.
+HOST_TABLE_THRESHOLD_BYTES = 75 * 10**9
+
+
+@dataclass
+class DlrmTfConfig(DlrmConfig):
+    # TensorFlow execution (NVIDIA TF2 flags)
+    precision: str = _opt("auto", "fp32, bf16 (mixed), fp16 (mixed, loss scaling), or auto: fp32, or with --amp "
+                                  "bf16 on CPU / fp16 on GPU (what --amp means to the PyTorch trainer)",
+                          choices=("auto", "fp32", "bf16", "fp16"))
+    xla: bool = _opt(False, "compile the forward/backward step with XLA (jit_compile)")
+    intra_op_threads: int = _opt(0, "TF intra-op threads per worker (0: TF's default / TF_NUM_INTRAOP_THREADS)")
+    inter_op_threads: int = _opt(0, "TF inter-op threads per worker (0: TF's default / TF_NUM_INTEROP_THREADS)")
+    # model
+    interaction: str = _opt("dot", "dot (DLRM) or cross (DCNv2 cross network)", choices=("dot", "cross"))
+    num_cross_layers: int = _opt(3, "DCNv2 cross layers (interaction=cross)")
+    cross_layer_projection_dim: int = _opt(512, "DCNv2 low-rank projection (0: full rank)")
+    host_table_threshold_bytes: int = _opt(HOST_TABLE_THRESHOLD_BYTES,
+                                           "embedding tables over this many bytes (rows x dim x 4) live in host "
+                                           "memory (/CPU:0) instead of on the strategy's devices")
+    # accepted for the PyTorch trainer's command line, ignored here (PYTORCH_ONLY)
+    sharding: str = _opt("data_parallel", "PyTorch (TorchRec) embedding sharding: ignored by the TF2 trainer")
+    # test hook
+    stop_after_steps: int | None = _opt(None, "test hook: checkpoint and stop once this many steps are done, "
+                                              "without final outputs (a rerun resumes and finishes)", type=int)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.host_table_threshold_bytes < 0 or self.num_cross_layers < 1:
+            raise ValueError("host_table_threshold_bytes must be >= 0 and num_cross_layers >= 1")
+
+    def schedule(self, total_steps: int) -> LrSchedule:
+        return resolve_schedule(self, total_steps)
+
+    def resolved_precision(self, on_gpu: bool) -> str:
+        """The Keras precision this run trains in: an explicit --precision, else --amp's meaning on this device."""
+        if self.precision != "auto":
+            return self.precision
+        if not self.amp:
+            return "fp32"
+        return "fp16" if on_gpu else "bf16"
+
+    def ignored_settings(self) -> dict[str, str]:
+        """PyTorch-only fields set away from their defaults: {name: why it has no effect here}."""
+        defaults = DlrmTfConfig()
+        return {name: why for name, why in PYTORCH_ONLY.items() if getattr(self, name) != getattr(defaults, name)}
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> DlrmTfConfig:
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise ValueError(f"unknown DLRM (TF2) config keys {unknown}")
+        return cls(**values)
+
+
+def build_parser(description: str) -> argparse.ArgumentParser:
+    """One `--<field>` per DlrmTfConfig field (the PyTorch trainer's flags plus the TF ones)."""
+    parser = argparse.ArgumentParser(description=description)
+    defaults = DlrmTfConfig()
+    for f in dataclasses.fields(DlrmTfConfig):
+        default = getattr(defaults, f.name)
+        kwargs: dict[str, Any] = {"help": f"{f.metadata['help']} (default: {default})", "default": default}
+        if isinstance(default, bool):
+            kwargs["action"] = argparse.BooleanOptionalAction
+        elif isinstance(default, tuple):
+            kwargs.update(nargs="+", type=int)
+        else:
+            kwargs["type"] = f.metadata.get("type", type(default))
+            if "choices" in f.metadata:
+                kwargs["choices"] = f.metadata["choices"]
+        parser.add_argument(f"--{f.name}", **kwargs)
+    return parser
+
+
+def parse_args(argv: list[str] | None = None) -> DlrmTfConfig:
+    parser = build_parser("train DLRM in TensorFlow 2 on a split-binary dataset (NVIDIA DeepLearningExamples recipe)")
+    names = {f.name for f in dataclasses.fields(DlrmTfConfig)}
+    return DlrmTfConfig(**{k: v for k, v in vars(parser.parse_args(argv)).items() if k in names})

@@ -1,0 +1,91 @@
+"""The TF2 DLRM's distributed train step, and keeping host-memory tables identical on every worker.
+
+The step is models.tfkit.training's (strategy.run around a @tf.function forward/backward, BCE with logits over the
+global batch, the Keras optimizer summing gradients across workers) plus what that one cannot do: tables in host
+memory (models.dlrm_tf.model.host_placement) are plain per-worker variables the strategy does not update, so their
+sparse gradients are summed across workers here (an all-gather of the looked-up rows) and applied as a plain SGD
+scatter update with the same learning rate - NVIDIA's DLRM trains embeddings with plain SGD too. With fp16 loss
+scaling they are unscaled by the optimizer's current scale and skipped on a non-finite step, as the optimizer skips
+the mirrored variables.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import keras
+import tensorflow as tf
+
+from models.dlrm_tf.model import DlrmTf
+
+
+def _raw(variable: Any) -> tf.Variable:
+    """The tf.Variable behind a Keras variable."""
+    return getattr(variable, "value", variable)
+
+
+def make_train_step(model: DlrmTf, optimizer: keras.optimizers.Optimizer, strategy: tf.distribute.Strategy,
+                    global_batch: int, jit_compile: bool = False):
+    """A @tf.function `train_step(inputs, labels, lr) -> mean loss of the global batch` (on every worker)."""
+    host = model.host_table_variables()
+    host_ids = {id(v) for v in host}
+    mirrored = [v for v in model.trainable_variables if id(v) not in host_ids]
+    loss_scaled = isinstance(optimizer, keras.optimizers.LossScaleOptimizer)
+    global_batch = float(global_batch)
+
+    @tf.function(jit_compile=jit_compile, reduce_retracing=True)
+    def loss_and_gradients(inputs: Any, labels: tf.Tensor):
+        with tf.GradientTape() as tape:
+            logits = model(inputs, training=True)
+            losses = tf.nn.sigmoid_cross_entropy_with_logits(labels=labels, logits=logits)
+            loss = tf.reduce_sum(losses) / global_batch
+            scaled = optimizer.scale_loss(loss)
+        gradients = tape.gradient(scaled, mirrored + host)
+        return loss, gradients[:len(mirrored)], gradients[len(mirrored):]
+
+    def update_host_tables(gradients: list[tf.IndexedSlices], lr: tf.Tensor) -> None:
+        summed = tf.distribute.get_replica_context().all_reduce(tf.distribute.ReduceOp.SUM, gradients)
+        scale = tf.cast(optimizer.dynamic_scale, tf.float32) if loss_scaled else tf.constant(1.0)
+        finite = tf.reduce_all([tf.reduce_all(tf.math.is_finite(g.values)) for g in summed])
+
+        def apply() -> tf.Tensor:
+            for variable, gradient in zip(host, summed):
+                step = tf.cast(gradient.values, tf.float32) * (lr / scale)
+                _raw(variable).scatter_sub(tf.IndexedSlices(step, gradient.indices, gradient.dense_shape))
+            return tf.constant(True)
+
+        tf.cond(finite, apply, lambda: tf.constant(False))
+
+    def replica_step(inputs: Any, labels: tf.Tensor, lr: tf.Tensor):
+        loss, mirrored_gradients, host_gradients = loss_and_gradients(inputs, labels)
+        if host:
+            update_host_tables(host_gradients, lr)  # reads the loss scale before the optimizer updates it
+        optimizer.apply_gradients(zip(mirrored_gradients, mirrored))
+        return loss
+
+    @tf.function(reduce_retracing=True)
+    def train_step(inputs: Any, labels: tf.Tensor, lr: tf.Tensor):
+        optimizer.learning_rate = lr
+        per_replica = strategy.run(replica_step, args=(inputs, labels, lr))
+        return strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)
+
+    return train_step
+
+
+def make_host_table_sync(model: DlrmTf, strategy: tf.distribute.Strategy, is_chief: bool):
+    """A function that overwrites every worker's host-memory tables with the chief's (a sum where only the chief
+    contributes); a no-op without host tables. Called after building or restoring, so all workers start equal."""
+    host = model.host_table_variables()
+    weight = tf.constant(1.0 if is_chief else 0.0)
+
+    def replica_sync():
+        ctx = tf.distribute.get_replica_context()
+        for variable in host:
+            _raw(variable).assign(ctx.all_reduce(tf.distribute.ReduceOp.SUM, _raw(variable) * weight))
+        return tf.constant(0.0)
+
+    @tf.function
+    def sync():
+        strategy.run(replica_sync)
+
+    return sync if host else (lambda: None)
