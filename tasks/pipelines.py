@@ -14,4 +14,5 @@ PIPELINES: dict[str, str] = {
     "criteo_dlrm": "tasks.criteo.demo",
     "movielens_ncf": "tasks.movielens.demo",
     "outbrain_wide_deep": "tasks.outbrain.demo",
+    "byo_dlrm": "tasks.byo.demo",
 }

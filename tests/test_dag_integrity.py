@@ -63,7 +63,7 @@ def parsed(tmp_path_factory) -> dict:
 
 def test_pools_and_queues_route_spark_and_training(parsed, tmp_path_factory):
     spark = {("criteo_ingest", "day_stats"), ("criteo_dlrm", "build_dictionary"), ("criteo_dlrm", "transform"),
-             ("movielens_ncf", "preprocess"), ("outbrain_wide_deep", "features")}
+             ("movielens_ncf", "preprocess"), ("outbrain_wide_deep", "features"), ("byo_dlrm", "transcode")}
     for dag_id, dag in parsed["dags"].items():
         for task_id, task in dag["tasks"].items():
             pool = "spark" if (dag_id, task_id) in spark else "train" if task_id == "train" else "default_pool"
@@ -73,7 +73,8 @@ def test_pools_and_queues_route_spark_and_training(parsed, tmp_path_factory):
     queues = {(d, t): task["queue"] for d, dag in gpu["dags"].items() for t, task in dag["tasks"].items()}
     assert {key for key, queue in queues.items() if queue == "gpu"} == spark | {("criteo_dlrm", "train"),
                                                                                 ("movielens_ncf", "train"),
-                                                                                ("outbrain_wide_deep", "train")}
+                                                                                ("outbrain_wide_deep", "train"),
+                                                                                ("byo_dlrm", "train")}
 
 
 def test_every_dag_file_imports_without_errors(parsed):

@@ -34,7 +34,7 @@ DTYPE_SELECTOR = "dtype"
 CARDINALITY_SELECTOR = "cardinality"
 
 FEATURE_SPEC_FILE = "feature_spec.yaml"
-AUTO_CARDINALITY = "auto"  # BYO-CSV input only: the transcoder replaces it by max id + 1
+AUTO_CARDINALITY = "auto"  # CSV transcoder input only: the transcoder replaces it by max id + 1
 # TF2's reader compares the dtype *string* against this set, so "<i4" would fail there even though numpy parses it.
 TF2_CATEGORICAL_DTYPES = frozenset({"int8", "int16", "int32"})
 _SECTIONS = ("feature_spec", "source_spec", "channel_spec", "metadata")
@@ -212,7 +212,7 @@ class FeatureSpec:
 
         Beyond NVIDIA: file paths must stay inside base_directory, cardinalities must be positive ints that fit
         the declared dtype, categorical dtypes must be integers. tf2_compatible adds TF2's int8/16/32-only rule;
-        allow_auto accepts `cardinality: auto` (BYO-CSV input before transcoding).
+        allow_auto accepts `cardinality: auto` (CSV transcoder input before transcoding).
         """
         for section in ("feature_spec", "source_spec", "channel_spec"):
             if not isinstance(getattr(self, section), dict):

@@ -1,0 +1,134 @@
+"""
+### byo_dlrm — bring your own dataset: a CSV FeatureSpec and its CSV files to a published DLRM checkpoint
+
+`resolve_run` (the URIs checked against the deployment's allow-lists, the profile's knobs) → `fetch` (the spec,
+then every CSV file it names, from file://, http(s):// or s3:// — relative paths resolved against `data_uri`, else
+the spec's own folder; resumable and checksummed) → `validate` (every row against the spec: field count, ids are
+non-negative integers below a declared cardinality, numericals parse and fit float16, label 0/1; bad rows
+quarantined within RECFLOW_BAD_ROW_BUDGET, a Great Expectations report kept; one error line naming file, line and
+column otherwise) → `transcode` (Spark: NVIDIA's transcode semantics — `auto` cardinality = max id + 1, a
+declared one must cover the ids found, dtypes by cardinality, features renamed num_i / cat_i.bin / label; the
+dataset replaced atomically, never appended to) → `validate_dataset` (NVIDIA's FeatureSpec checks and a full scan)
+→ `train` (DLRM, torchrun with `nproc` processes; resumes from its last checkpoint on retry) → `evaluate` (ROC AUC,
+logloss on the test mapping) → `gate` (AUC threshold, and no worse than the published model scored on the same
+test rows) → `publish` (weights, both FeatureSpecs, curves, gate record; `latest` moved last).
+
+The spec is NVIDIA's yaml with `type: csv` chunks (see NVIDIA's DLRM README, "BYO dataset", and
+docs/byo.md). Outputs live under `<data root>/runs/byo_dlrm/<run id>/`. Triggered by hand (no schedule).
+"""
+
+from __future__ import annotations
+
+from airflow.sdk import Param, dag, task
+
+from tasks.byo.profiles import KNOBS, PROFILES
+from tasks.core.config import load_settings
+from tasks.dagkit import (DEFAULT_ARGS, SPARK_TASK, TRAIN_TASK, device_param, fail_without_retry, knob_params,
+                          profile_param, release_params, spark_master)
+from tasks.release.steps import failure_callback
+
+record_failure = failure_callback("byo_dlrm")
+
+
+@dag(
+    dag_id="byo_dlrm",
+    schedule=None,
+    catchup=False,
+    max_active_runs=1,
+    default_args=DEFAULT_ARGS,
+    tags=["recflow", "byo", "dlrm", "training"],
+    doc_md=__doc__,
+    params={
+        "spec_uri": Param(None, type=["null", "string"], maxLength=2000, title="FeatureSpec URI",
+                          description="The CSV FeatureSpec yaml: file://, http(s):// or s3:// (under the "
+                                      "deployment's RECFLOW_FILE_SOURCE_ROOTS / RECFLOW_SOURCE_ALLOWED_PREFIXES). "
+                                      "Empty = RECFLOW_BYO_SPEC_URI."),
+        "data_uri": Param(None, type=["null", "string"], maxLength=2000, title="Data base URI",
+                          description="Folder the spec's relative file paths are resolved against. Empty = the "
+                                      "spec's own folder."),
+        "profile": profile_param(PROFILES),
+        "nproc": Param(None, type=["null", "integer"], minimum=1, maximum=64, title="Training processes",
+                       description="torchrun --nproc_per_node. Empty = the deployment's RECFLOW_TRAIN_NPROC (1)."),
+        "device": device_param(),
+        **knob_params(KNOBS, PROFILES),
+        **release_params("byo_dlrm"),
+    },
+)
+def byo_dlrm():
+    @task
+    def resolve_run(**context) -> dict:
+        from tasks.byo.pipeline import resolve_run as resolve
+        from tasks.core.config import NotAllowed
+        from tasks.core.download import DownloadError
+
+        return fail_without_retry(ValueError, NotAllowed, DownloadError)(resolve)(load_settings(), dict(context["params"]))
+
+    @task
+    def fetch(run: dict, **context) -> dict:
+        from tasks.byo.pipeline import fetch_sources
+        from tasks.core.config import NotAllowed
+        from tasks.core.download import ChecksumMismatch, SourceNotFound
+        from tasks.formats.feature_spec import FeatureSpecError
+
+        download = fail_without_retry(FeatureSpecError, NotAllowed, SourceNotFound, ChecksumMismatch)(fetch_sources)
+        return download(load_settings(), context["run_id"], run, aws_conn_id=context["params"]["aws_conn_id"])
+
+    @task
+    def validate(fetched: dict, **context) -> dict:
+        from tasks.byo.pipeline import validate as check
+        from tasks.core.validation import DataQualityError
+
+        return fail_without_retry(DataQualityError)(check)(load_settings(), context["run_id"], fetched)
+
+    @task(**SPARK_TASK)
+    def transcode(validated: dict, **context) -> dict:
+        from tasks.byo.pipeline import transcode as run_transcode
+
+        return run_transcode(load_settings(), context["run_id"], spark_master=spark_master())
+
+    @task
+    def validate_dataset(dataset: dict, **context) -> dict:
+        from tasks.byo.pipeline import DatasetInvalid, run_paths, validate_dataset as check
+
+        return fail_without_retry(DatasetInvalid)(check)(run_paths(load_settings(), context["run_id"]).dataset)
+
+    @task(**TRAIN_TASK)
+    def train(run: dict, validated: dict, **context) -> dict:
+        from tasks.byo.pipeline import train as run_training
+
+        return run_training(load_settings(), context["run_id"], run)
+
+    @task
+    def evaluate(trained: dict, **context) -> dict:
+        from tasks.byo.pipeline import evaluate as run_evaluation
+
+        return run_evaluation(load_settings(), context["run_id"])
+
+    @task.short_circuit(ignore_downstream_trigger_rules=False, on_failure_callback=record_failure)
+    def gate(run: dict, metrics: dict, **context) -> bool:
+        from tasks.byo.pipeline import gate as decide
+
+        params = context["params"]
+        return decide(load_settings(), context["run_id"], metrics, run, model_name=params["model_name"],
+                      aws_conn_id=params["aws_conn_id"])["passed"]
+
+    @task(on_failure_callback=record_failure)
+    def publish(run: dict, metrics: dict, **context) -> dict:
+        from tasks.byo.pipeline import lineage, publish as push_version
+        from tasks.core.config import NotAllowed
+
+        settings, params = load_settings(), context["params"]
+        doc = lineage(settings, context["run_id"], run, dict(params))
+        push = fail_without_retry(NotAllowed)(push_version)
+        return push(settings, context["run_id"], context["dag_run"].run_after, metrics, doc,
+                    model_name=params["model_name"], store_uri=params["publish_uri"] or None,
+                    aws_conn_id=params["aws_conn_id"])
+
+    run = resolve_run()
+    dataset = transcode(validate(fetch(run)))
+    trained = train(run, validate_dataset(dataset))
+    metrics = evaluate(trained)
+    gate(run, metrics) >> publish(run, metrics)
+
+
+byo_dlrm()

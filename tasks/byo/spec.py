@@ -1,0 +1,240 @@
+"""A user's CSV FeatureSpec (NVIDIA's transcoder input, reference/nvidia-formats.md §6 and Appendix A): loaded,
+checked, and turned into the split-binary spec the transcode writes.
+
+The input spec is NVIDIA's yaml with `type: csv` chunks: a chunk may hold several features (its CSV's columns, in
+order), dtypes are optional (NVIDIA's transcoder ignores them), and a categorical's cardinality is an integer or
+`auto` (max id + 1, found by the transcode). Otherwise NVIDIA's check_feature_spec rules hold: mappings exactly
+train and test, channels exactly categorical / numerical / label with one label, every feature in one channel and in
+one chunk of every mapping, one file per chunk. A bad spec fails with one line naming the key at fault.
+
+The row rules (what a CSV value must look like) live here too, as regexes that the Python validation
+(tasks/byo/validation.py) and the Spark transcode (spark_jobs/byo/transcode.py) both apply, so the two agree on
+which rows are bad.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from tasks.formats.feature_spec import (AUTO_CARDINALITY, CARDINALITY_SELECTOR, CATEGORICAL_CHANNEL,
+                                        DTYPE_SELECTOR, FEATURES_SELECTOR, FILES_SELECTOR, LABEL_CHANNEL,
+                                        NUMERICAL_CHANNEL, TEST_MAPPING, TRAIN_MAPPING, TYPE_SELECTOR, FeatureSpec,
+                                        FeatureSpecError, _chunk_file_error)
+
+CSV_CHUNK = "csv"
+MAPPINGS = (TRAIN_MAPPING, TEST_MAPPING)
+CHANNELS = (CATEGORICAL_CHANNEL, NUMERICAL_CHANNEL, LABEL_CHANNEL)
+DELIMITER = ","
+# Row rules. NVIDIA's gen_csv writes integers as floats ("4.0") when a chunk mixes types, and pandas reads them
+# back as the same integer: an integral float is accepted for ids and labels.
+CATEGORICAL_PATTERN = r"^[0-9]{1,18}(?:\.0*)?$"
+NUMERICAL_PATTERN = r"^[+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]{1,3})?$"
+LABEL_PATTERN = r"^[01](?:\.0*)?$"
+FLOAT16_MAX = 65504.0  # numericals are stored as float16: larger magnitudes would become inf
+RULE_TEXT = {
+    CATEGORICAL_CHANNEL: "is not a non-negative integer id",
+    NUMERICAL_CHANNEL: "is not a number",
+    LABEL_CHANNEL: "is not 0 or 1",
+}
+PATTERNS = {CATEGORICAL_CHANNEL: CATEGORICAL_PATTERN, NUMERICAL_CHANNEL: NUMERICAL_PATTERN,
+            LABEL_CHANNEL: LABEL_PATTERN}
+
+
+@dataclass(frozen=True)
+class CsvChunk:
+    """One CSV file of a mapping: where it is (relative to the spec) and its columns, in order, with channels."""
+
+    mapping: str
+    index: int
+    file: str
+    features: tuple[str, ...]
+    channels: tuple[str, ...]
+
+
+def load_csv_spec(path: str | os.PathLike[str]) -> FeatureSpec:
+    """Read and check a CSV input spec (see the module docstring); FeatureSpecError with one line on a bad one."""
+    path = Path(path).resolve()
+    spec = FeatureSpec.from_yaml(path)
+    try:
+        check_csv_spec(spec)
+    except FeatureSpecError as err:
+        raise FeatureSpecError(f"{path}: {err}") from None
+    return spec
+
+
+def check_csv_spec(spec: FeatureSpec) -> None:
+    """NVIDIA's check_feature_spec rules as they apply to transcoder input (module docstring)."""
+    for section in ("feature_spec", "source_spec", "channel_spec"):
+        if not isinstance(getattr(spec, section), dict):
+            raise FeatureSpecError(f"{section}: must be a mapping, got {type(getattr(spec, section)).__name__}")
+    if spec.metadata is not None and not isinstance(spec.metadata, dict):
+        raise FeatureSpecError(f"metadata: must be a mapping, got {type(spec.metadata).__name__}")
+    _check_channels(spec)
+    _check_features(spec)
+    mappings = sorted(spec.source_spec)
+    if mappings != sorted(MAPPINGS):
+        raise FeatureSpecError(f"source_spec: mappings must be exactly ['test', 'train'], found {mappings}")
+    for mapping in MAPPINGS:
+        _check_mapping(spec, mapping)
+
+
+def _check_channels(spec: FeatureSpec) -> None:
+    found = sorted(spec.channel_spec)
+    if found != sorted(CHANNELS):
+        missing, extra = sorted(set(CHANNELS) - set(found)), sorted(set(found) - set(CHANNELS))
+        raise FeatureSpecError(f"channel_spec: channels must be exactly {list(CHANNELS)}; missing {missing}, "
+                               f"unexpected {extra}")
+    owner: dict[str, str] = {}
+    for channel in CHANNELS:
+        names = spec.channel_spec[channel]
+        if not isinstance(names, list) or not all(isinstance(n, str) and n for n in names):
+            raise FeatureSpecError(f"channel_spec.{channel}: must be a list of feature names, got {names!r}")
+        for name in names:
+            if name in owner:
+                where = "twice" if owner[name] == channel else f"also in channel {owner[name]!r}"
+                raise FeatureSpecError(f"channel_spec.{channel}: feature {name!r} listed {where}")
+            owner[name] = channel
+    if len(spec.channel_spec[LABEL_CHANNEL]) != 1:
+        raise FeatureSpecError(f"channel_spec.label: exactly one label feature required, found "
+                               f"{spec.channel_spec[LABEL_CHANNEL]}")
+    if not spec.channel_spec[NUMERICAL_CHANNEL]:
+        raise FeatureSpecError("channel_spec.numerical: at least one numerical feature is required (NVIDIA's "
+                               "split-binary layout always has numerical.bin, and DLRM's bottom MLP reads it)")
+    unknown = sorted(set(spec.feature_spec) - set(owner))
+    if unknown:
+        raise FeatureSpecError(f"feature_spec.{unknown[0]}: feature is in no channel of channel_spec")
+    undefined = sorted(set(owner) - set(spec.feature_spec))
+    if undefined:
+        raise FeatureSpecError(f"channel_spec: feature {undefined[0]!r} has no entry in feature_spec")
+
+
+def _check_features(spec: FeatureSpec) -> None:
+    """dtype (optional) parses with numpy; a categorical's cardinality is a positive int or 'auto'."""
+    categorical = set(spec.channel_spec[CATEGORICAL_CHANNEL])
+    for name, props in spec.feature_spec.items():
+        where = f"feature_spec.{name}"
+        props = {} if props is None else props
+        if not isinstance(props, dict):
+            raise FeatureSpecError(f"{where}: must be a mapping (dtype, cardinality), got {props!r}")
+        if DTYPE_SELECTOR in props:
+            try:
+                np.dtype(props[DTYPE_SELECTOR])
+            except (TypeError, ValueError):
+                raise FeatureSpecError(f"{where}: dtype {props[DTYPE_SELECTOR]!r} is not a numpy dtype") from None
+        if name not in categorical:
+            continue
+        if CARDINALITY_SELECTOR not in props:
+            raise FeatureSpecError(f"{where}: categorical feature has no cardinality (an integer or 'auto')")
+        card = props[CARDINALITY_SELECTOR]
+        if card == AUTO_CARDINALITY:
+            continue
+        if not isinstance(card, int) or isinstance(card, bool) or card <= 0:
+            raise FeatureSpecError(f"{where}: cardinality {card!r} is not a positive integer or 'auto'")
+        if card > np.iinfo(np.int32).max - 1:
+            raise FeatureSpecError(f"{where}: cardinality {card} is too big for int32 ids (max 2147483646)")
+
+
+def _check_mapping(spec: FeatureSpec, mapping: str) -> None:
+    chunks = spec.source_spec[mapping]
+    if not isinstance(chunks, list) or not chunks:
+        raise FeatureSpecError(f"source_spec.{mapping}: must be a non-empty list of chunks, got {chunks!r}")
+    seen: set[str] = set()
+    for index, chunk in enumerate(chunks):
+        where = f"source_spec.{mapping}[{index}]"
+        if not isinstance(chunk, dict) or not {TYPE_SELECTOR, FEATURES_SELECTOR, FILES_SELECTOR} <= set(chunk):
+            raise FeatureSpecError(f"{where}: a chunk needs 'type', 'features' and 'files', got {chunk!r}")
+        extra = sorted(set(chunk) - {TYPE_SELECTOR, FEATURES_SELECTOR, FILES_SELECTOR})
+        if extra:
+            raise FeatureSpecError(f"{where}: unknown key(s) {extra}")
+        if chunk[TYPE_SELECTOR] != CSV_CHUNK:
+            raise FeatureSpecError(f"{where}.type: {chunk[TYPE_SELECTOR]!r} is not {CSV_CHUNK!r} (the transcoder "
+                                   "reads CSV chunks only)")
+        features, files = chunk[FEATURES_SELECTOR], chunk[FILES_SELECTOR]
+        if not isinstance(features, list) or not features or not all(isinstance(f, str) for f in features):
+            raise FeatureSpecError(f"{where}.features: needs a list of at least one feature name, got {features!r}")
+        if not isinstance(files, list) or len(files) != 1:
+            raise FeatureSpecError(f"{where}.files: needs exactly 1 file, got {files!r}")
+        if (problem := _chunk_file_error(f"{where}.files", files[0])) is not None:
+            raise FeatureSpecError(problem)
+        for feature in features:
+            if feature not in spec.feature_spec:
+                raise FeatureSpecError(f"{where}.features: unknown feature {feature!r} (not in feature_spec)")
+            if feature in seen:
+                raise FeatureSpecError(f"{where}.features: feature {feature!r} appears in more than one chunk")
+            seen.add(feature)
+    missing = sorted(set(spec.feature_spec) - seen)
+    if missing:
+        raise FeatureSpecError(f"source_spec.{mapping}: feature {missing[0]!r} is in no chunk of this mapping")
+
+
+def channel_of(spec: FeatureSpec, feature: str) -> str:
+    for channel in CHANNELS:
+        if feature in spec.channel_spec[channel]:
+            return channel
+    raise FeatureSpecError(f"feature {feature!r} is in no channel")
+
+
+def csv_chunks(spec: FeatureSpec, mapping: str) -> list[CsvChunk]:
+    """The CSV files of a mapping, in source_spec order (a checked spec)."""
+    return [CsvChunk(mapping, index, chunk[FILES_SELECTOR][0], tuple(chunk[FEATURES_SELECTOR]),
+                     tuple(channel_of(spec, f) for f in chunk[FEATURES_SELECTOR]))
+            for index, chunk in enumerate(spec.source_spec[mapping])]
+
+
+def source_files(spec: FeatureSpec) -> list[str]:
+    """Every CSV file the spec names (relative paths), once each, in spec order."""
+    return list(dict.fromkeys(chunk.file for mapping in MAPPINGS for chunk in csv_chunks(spec, mapping)))
+
+
+def declared_cardinalities(spec: FeatureSpec) -> dict[str, int | None]:
+    """Categorical name -> declared cardinality, None for 'auto' (channel order)."""
+    cards = {}
+    for name in spec.channel_spec[CATEGORICAL_CHANNEL]:
+        card = spec.feature_spec[name][CARDINALITY_SELECTOR]
+        cards[name] = None if card == AUTO_CARDINALITY else int(card)
+    return cards
+
+
+def resolve_cardinalities(spec: FeatureSpec, found: dict[str, int]) -> list[int]:
+    """NVIDIA's rule: 'auto' = the found max id + 1 (1 when the column holds no id); a declared cardinality must
+    cover what was found. `found`: name -> max id + 1 over every mapping. Channel order."""
+    cards = []
+    for name, declared in declared_cardinalities(spec).items():
+        needed = max(int(found.get(name, 0)), 1)
+        if declared is None:
+            cards.append(needed)
+        elif declared < needed:
+            raise FeatureSpecError(f"feature_spec.{name}: declared cardinality {declared} does not cover id "
+                                   f"{needed - 1} found in the data (needs at least {needed}, or 'auto')")
+        else:
+            cards.append(declared)
+    return cards
+
+
+def output_spec(spec: FeatureSpec, cardinalities: list[int], base_directory: str | os.PathLike[str]) -> FeatureSpec:
+    """The split-binary spec of the transcoded dataset: NVIDIA's default layout (features renamed num_i, cat_i.bin,
+    label in channel order, as NVIDIA's transcode does), dtypes by the cardinality rule."""
+    out = FeatureSpec.get_default_feature_spec(len(spec.channel_spec[NUMERICAL_CHANNEL]), cardinalities)
+    out.base_directory = str(base_directory)
+    out.check_feature_spec()
+    return out
+
+
+def renamed_features(spec: FeatureSpec) -> dict[str, str]:
+    """Input feature name -> its name in the output spec (NVIDIA's transcode renames by channel position)."""
+    names = {name: f"num_{i}" for i, name in enumerate(spec.channel_spec[NUMERICAL_CHANNEL])}
+    names |= {name: f"cat_{i}.bin" for i, name in enumerate(spec.channel_spec[CATEGORICAL_CHANNEL])}
+    names[spec.channel_spec[LABEL_CHANNEL][0]] = LABEL_CHANNEL
+    return names
+
+
+def spec_summary(spec: FeatureSpec) -> dict[str, Any]:
+    """What a task returns to XCom about a spec: counts and declared cardinalities."""
+    return {"numerical": len(spec.channel_spec[NUMERICAL_CHANNEL]),
+            "categorical": len(spec.channel_spec[CATEGORICAL_CHANNEL]),
+            "cardinalities": declared_cardinalities(spec), "files": source_files(spec)}

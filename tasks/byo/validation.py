@@ -1,0 +1,304 @@
+"""Validate a user's CSV files against their FeatureSpec: every row of every chunk file checked, bad rows
+quarantined, the bad-row budget enforced, a Great Expectations report kept (tasks/core/validation.py machinery).
+
+Row rules (tasks/byo/spec.py, the same the Spark transcode applies): the line has one field per feature of its
+chunk; a categorical is a non-negative integer id; a numerical is a number whose magnitude fits float16; the label
+is 0 or 1. A bad row is quarantined (the transcode drops that row from every file of the mapping) and counts
+against the budget. Whole-dataset rules fail at once, whatever the budget: the files of a mapping must have the
+same number of lines (row k is line k of each), a file must not be empty, and an id at or above a declared
+cardinality fails naming its file, line and column (NVIDIA's transcode asserts the same).
+
+Output directory: quarantine.jsonl, report.json, and _MANIFEST.json only when the files passed.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from tasks.byo.spec import (CATEGORICAL_CHANNEL, FLOAT16_MAX, LABEL_CHANNEL, MAPPINGS, NUMERICAL_CHANNEL, PATTERNS,
+                            RULE_TEXT, CsvChunk, csv_chunks, declared_cardinalities)
+from tasks.core.progress import ProgressLog
+from tasks.core.storage import Manifest, atomic_directory, write_manifest, write_text_atomic
+from tasks.core.validation import (DataQualityError, Quarantine, budget_failure, display_text, gx_section,
+                                   iter_line_blocks, keep_lines, line_bounds, quoted_value, summarize_gx)
+from tasks.formats.feature_spec import FeatureSpec
+
+log = logging.getLogger(__name__)
+
+MAX_LINE_BYTES = 1 << 20
+EVIDENCE_ROWS = 2_000   # first rows of each file handed to GX
+PROGRESS_EVERY_S = 10.0
+FIELD_COUNT = "field_count"
+_COMMA = ord(",")
+
+
+@dataclass
+class BadRow:
+    line: int
+    column: int | None        # 1-based field, None for the whole line (field count, line length)
+    column_name: str | None
+    reason: str
+    text: str
+
+    @property
+    def kind(self) -> str:
+        if self.column_name is None:
+            return self.reason.split(" (", 1)[0].split(" ", 1)[-1]  # "fields, expected 3" without the count
+        return f"{self.column_name}: {self.reason.split(' ', 2)[-1]}"  # the rule without the value
+
+    def describe(self, file_name: str) -> str:
+        where = f" column {self.column} ({self.column_name})" if self.column else ""
+        return f"{file_name} line {self.line}{where}: {self.reason}"
+
+
+@dataclass
+class FileResult:
+    lines: int
+    bad: int
+    max_ids: dict[str, int]   # categorical -> largest id in the file's good rows (-1: none)
+
+
+def _parse_block(data: bytes, names: tuple[str, ...]):
+    """The lines of `data` (each with the right field count) as a table of strings, one column per feature."""
+    import pyarrow as pa
+    import pyarrow.csv as pacsv
+
+    return pacsv.read_csv(
+        pa.py_buffer(data),
+        read_options=pacsv.ReadOptions(column_names=list(names), block_size=max(1 << 20, len(data) + 1)),
+        parse_options=pacsv.ParseOptions(delimiter=",", quote_char=False, escape_char=False,
+                                          ignore_empty_lines=False),
+        convert_options=pacsv.ConvertOptions(column_types={n: pa.string() for n in names},
+                                             strings_can_be_null=False, quoted_strings_can_be_null=False))
+
+
+def _column_bad(column, channel: str) -> tuple[np.ndarray, np.ndarray]:
+    """(mask of values breaking the channel's rule, values as float64 with 0 where bad)."""
+    import pyarrow.compute as pc
+
+    ok = pc.match_substring_regex(column, PATTERNS[channel]).to_numpy(zero_copy_only=False)
+    cleaned = pc.if_else(pa_bool(ok), column, "0")
+    values = pc.cast(cleaned, "float64").to_numpy(zero_copy_only=False)
+    if channel == NUMERICAL_CHANNEL:
+        ok &= np.abs(values) <= FLOAT16_MAX
+        values = np.where(ok, values, 0.0)
+    return ~ok, values
+
+
+def pa_bool(mask: np.ndarray):
+    import pyarrow as pa
+
+    return pa.array(mask, pa.bool_())
+
+
+class _FileChecker:
+    """Checks one chunk file block by block; bad rows go to the quarantine, fatal problems raise at once."""
+
+    def __init__(self, chunk: CsvChunk, path: Path, cards: dict[str, int | None], quarantine: Quarantine) -> None:
+        self.chunk, self.path, self.cards, self.quarantine = chunk, path, cards, quarantine
+        self.name = chunk.file
+        self.max_ids = {f: -1 for f, c in zip(chunk.features, chunk.channels) if c == CATEGORICAL_CHANNEL}
+        self.evidence: list[list[str]] = []
+        self.lines = 0
+        self.bad_lines: set[int] = set()
+
+    def run(self, block_bytes: int, progress: ProgressLog) -> FileResult:
+        for first_line, block, skipped in iter_line_blocks(self.path, block_bytes, MAX_LINE_BYTES):
+            for long in skipped:
+                self._bad(BadRow(long.line, None, None, f"line of {long.length} bytes is longer than "
+                                                       f"{MAX_LINE_BYTES}", display_text(long.head)))
+            self.lines += len(skipped)
+            if block:
+                self._check_block(first_line + len(skipped), block)
+            progress.advance(len(block) + sum(s.length for s in skipped))
+        if self.lines == 0:
+            raise DataQualityError(f"{self.name}: empty file (0 rows)")
+        return FileResult(self.lines, self.quarantine.bad_in(self.name), dict(self.max_ids))
+
+    def _bad(self, bad: BadRow) -> None:
+        self.bad_lines.add(bad.line)
+        self.quarantine.record(self.name, bad, {"mapping": self.chunk.mapping})
+
+    def _check_block(self, first_line: int, block: bytes) -> None:
+        arr = np.frombuffer(block, dtype=np.uint8)
+        starts, ends = line_bounds(arr)
+        commas = np.concatenate(([0], np.cumsum(arr == _COMMA)))
+        fields = commas[ends] - commas[starts] + 1
+        expected = len(self.chunk.features)
+        good = fields == expected
+        for i in np.flatnonzero(~good):
+            raw = block[starts[i]:ends[i]]
+            self._bad(BadRow(first_line + int(i), None, None, f"{int(fields[i])} fields, expected {expected} "
+                             f"({', '.join(self.chunk.features)})", display_text(raw)))
+        self.lines += len(starts)
+        rows = np.flatnonzero(good)
+        if not len(rows):
+            return
+        table = _parse_block(keep_lines(arr, starts, ends, good) if not good.all() else block, self.chunk.features)
+        bad_columns = np.zeros((len(rows), expected), dtype=bool)
+        for index, (name, channel) in enumerate(zip(self.chunk.features, self.chunk.channels)):
+            column = table.column(index)
+            bad, values = _column_bad(column, channel)
+            bad_columns[:, index] = bad
+            if channel == CATEGORICAL_CHANNEL and (~bad).any():
+                self._check_ids(first_line, rows, index, name, values, bad, column)
+        if len(self.evidence) < EVIDENCE_ROWS:
+            take = min(EVIDENCE_ROWS - len(self.evidence), table.num_rows)
+            self.evidence += [list(r) for r in zip(*(table.column(i).slice(0, take).to_pylist()
+                                                     for i in range(expected)))]
+        for row in np.flatnonzero(bad_columns.any(axis=1)):
+            index = int(np.argmax(bad_columns[row]))
+            name, channel = self.chunk.features[index], self.chunk.channels[index]
+            value = table.column(index)[int(row)].as_py()
+            reason = RULE_TEXT[channel] if channel != NUMERICAL_CHANNEL or not _is_number(value) else \
+                f"is beyond float16's range (+-{FLOAT16_MAX:g})"
+            raw = block[starts[rows[row]]:ends[rows[row]]]
+            self._bad(BadRow(first_line + int(rows[row]), index + 1, name,
+                             f"value {quoted_value(value.encode())} {reason}", display_text(raw)))
+
+    def _check_ids(self, first_line: int, rows: np.ndarray, index: int, name: str, values: np.ndarray,
+                   bad: np.ndarray, column) -> None:
+        ids = np.where(bad, -1, values)
+        self.max_ids[name] = max(self.max_ids[name], int(ids.max()))
+        card = self.cards[name]
+        if card is None:
+            return
+        over = np.flatnonzero(ids >= card)
+        if len(over):
+            row = int(over[0])
+            raise DataQualityError(f"{self.name} line {first_line + int(rows[row])} column {index + 1} ({name}): id "
+                                   f"{column[row].as_py()} >= declared cardinality {card} (declare a larger "
+                                   "cardinality or 'auto')")
+
+
+def _is_number(text: str) -> bool:
+    import re
+
+    return re.match(PATTERNS[NUMERICAL_CHANNEL], text) is not None
+
+
+def validate_csvs(spec: FeatureSpec, source_dir: Path, out: Path, *, inputs: dict[str, Any], budget: float,
+                  block_bytes: int = 64 << 20) -> dict[str, Any]:
+    """Validate every chunk file of `spec` (found under source_dir) into `out` (replaced atomically). Raises
+    DataQualityError with one line (file, line, column) over budget or on a whole-dataset rule."""
+    started = time.monotonic()
+    source_dir = Path(source_dir)
+    cards = declared_cardinalities(spec)
+    total_bytes = sum((source_dir / c.file).stat().st_size for m in MAPPINGS for c in csv_chunks(spec, m)
+                      if (source_dir / c.file).is_file())
+    progress = ProgressLog("validating CSV files", total=total_bytes, unit="bytes", every_s=PROGRESS_EVERY_S,
+                           logger=log)
+    files: dict[str, dict[str, Any]] = {}
+    evidence: dict[str, tuple[CsvChunk, list[list[str]], list[tuple[int, bytes]]]] = {}
+    with atomic_directory(out) as tmp:
+        quarantine = Quarantine(tmp / "quarantine.jsonl")
+        try:
+            rows, bad_rows, first_bad, max_ids = _check_mappings(spec, source_dir, cards, quarantine, block_bytes,
+                                                                 progress, files, evidence)
+        finally:
+            quarantine.close()
+        total, bad = sum(rows.values()), sum(bad_rows.values())
+        failure = budget_failure(first_bad, bad, total, budget, out)
+        report = _report(files, rows, bad, total, budget, first_bad, evidence, time.monotonic() - started)
+        write_text_atomic(tmp / "report.json", json.dumps(report, indent=2, default=str))
+        if failure is None:
+            write_manifest(tmp, Manifest(kind="byo_validated_csv", inputs=inputs, rows=rows,
+                                         extra={"max_ids": max_ids, "bad_rows": bad_rows}))
+    log.info("validated %d rows in %d files: %d bad, %.1f s", total, len(files), bad, time.monotonic() - started)
+    if failure is not None:
+        raise DataQualityError(failure)
+    return {"path": str(out), "rows": rows, "bad_rows": bad_rows, "max_ids": max_ids}
+
+
+def _check_mappings(spec: FeatureSpec, source_dir: Path, cards: dict[str, int | None], quarantine: Quarantine,
+                    block_bytes: int, progress: ProgressLog, files: dict[str, dict[str, Any]], evidence: dict):
+    """(lines per mapping, distinct bad rows per mapping, the first bad row's line, largest id per categorical)."""
+    rows: dict[str, int] = {}
+    bad_rows: dict[str, int] = {}
+    max_ids = {name: -1 for name in cards}
+    first_bad = None
+    for mapping in MAPPINGS:
+        counts: dict[str, int] = {}
+        bad_lines: set[int] = set()  # a row bad in any file of the mapping is dropped from all of them
+        for chunk in csv_chunks(spec, mapping):
+            path = source_dir / chunk.file
+            if not path.is_file():
+                raise DataQualityError(f"{chunk.file}: file is missing ({path}); source_spec.{mapping} names it")
+            checker = _FileChecker(chunk, path, cards, quarantine)
+            result = checker.run(block_bytes, progress)
+            counts[chunk.file] = result.lines
+            bad_lines |= checker.bad_lines
+            files[chunk.file] = {"mapping": mapping, "lines": result.lines, "bad": result.bad,
+                                 "reasons": quarantine.reasons_in(chunk.file)}
+            if first_bad is None and chunk.file in quarantine.first:
+                first_bad = quarantine.first[chunk.file].describe(chunk.file)
+            for name, value in result.max_ids.items():
+                max_ids[name] = max(max_ids[name], value)
+            evidence[chunk.file] = (chunk, checker.evidence, quarantine.evidence.get(chunk.file, []))
+        if len(set(counts.values())) != 1:
+            (short, n), (long, m) = min(counts.items(), key=lambda kv: kv[1]), max(counts.items(), key=lambda kv: kv[1])
+            raise DataQualityError(f"{long} line {n + 1}: no partner row in {short}, which has {n} lines to {long}'s "
+                                   f"{m} (source_spec.{mapping}: line k of every file is row k)")
+        rows[mapping] = next(iter(counts.values()))
+        bad_rows[mapping] = len(bad_lines)
+    return rows, bad_rows, first_bad, max_ids
+
+
+def _evidence_frame(chunk: CsvChunk, good: list[list[str]], bad: list[tuple[int, bytes]]):
+    """First rows plus quarantined rows of one file as strings, one column per feature, plus the field count."""
+    import pandas as pd
+
+    records, counts = [], []
+    for row in good:
+        records.append(row)
+        counts.append(len(row))
+    for _, text in bad:
+        parts = text.decode("utf-8", errors="replace").split(",")
+        counts.append(len(parts))
+        records.append((parts + [None] * len(chunk.features))[:len(chunk.features)])
+    frame = pd.DataFrame(records, columns=list(chunk.features), dtype=object)
+    frame[FIELD_COUNT] = counts
+    return frame
+
+
+def _suite(chunk: CsvChunk, mostly: float):
+    import great_expectations as gx
+
+    expectations = gx.expectations
+    suite = gx.ExpectationSuite(name=f"byo_{chunk.mapping}_{chunk.index}")
+    suite.add_expectation(expectations.ExpectTableColumnsToMatchOrderedList(
+        column_list=[*chunk.features, FIELD_COUNT]))
+    width = len(chunk.features)
+    suite.add_expectation(expectations.ExpectColumnValuesToBeBetween(column=FIELD_COUNT, min_value=width,
+                                                                     max_value=width, mostly=mostly))
+    for name, channel in zip(chunk.features, chunk.channels):
+        suite.add_expectation(expectations.ExpectColumnValuesToMatchRegex(column=name, regex=PATTERNS[channel],
+                                                                          mostly=mostly))
+        suite.add_expectation(expectations.ExpectColumnValuesToNotBeNull(column=name, mostly=mostly))
+    return suite
+
+
+def _report(files, rows, bad, total, budget, first_bad, evidence, seconds) -> dict[str, Any]:
+    from tasks.core.validation import run_gx_suites
+
+    mostly = max(0.0, 1.0 - budget)
+    frames = {}
+    for name, (chunk, good, bad_sample) in evidence.items():
+        if good or bad_sample:
+            frames[name.replace("/", "__")] = (lambda c=chunk: _suite(c, mostly),
+                                               _evidence_frame(chunk, good, bad_sample))
+    results = run_gx_suites(frames, "byo_csv") if frames else {}
+    for name, result in results.items():
+        for line in summarize_gx(result):
+            log.info("GX %s: %s", name, line)
+    return {"files": files, "rows": rows, "bad": bad, "total": total, "budget": budget, "first_bad": first_bad,
+            "seconds": round(seconds, 3),
+            "gx": {name: gx_section(result, f"first {EVIDENCE_ROWS} rows + up to 1000 quarantined rows")
+                   for name, result in results.items()}}
