@@ -18,6 +18,9 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
+# How the embedding tables are laid out over the ranks (models/dlrm/sharding.py); data_parallel replicates them.
+SHARDINGS = ("data_parallel", "table_wise", "column_wise", "auto", "row_wise")
+
 
 def _opt(default: Any, help: str, **extra: Any) -> Any:  # noqa: A002 - argparse's own word
     if isinstance(default, (list, tuple)):
@@ -38,6 +41,9 @@ class DlrmConfig:
     top_mlp_sizes: tuple[int, ...] = _opt((1024, 1024, 512, 256, 1), "top MLP widths; must end in 1")
     max_table_size: int | None = _opt(None, "cap on rows per embedding table (needs hash_indices)", type=int)
     hash_indices: bool = _opt(False, "index := index %% table size (with max_table_size)")
+    sharding: str = _opt("data_parallel", "embedding tables: data_parallel (every rank holds all, DDP), or split "
+                                          "across ranks by TorchRec: table_wise, column_wise, auto (the planner "
+                                          "picks), row_wise (CUDA only)", choices=SHARDINGS)
     sparse_embeddings: bool = _opt(True, "sparse embedding gradients: only looked-up rows are updated "
                                          "(ignored on multi-GPU NCCL runs, which cannot all-reduce sparse tensors)")
     # optimisation (NVIDIA: SGD, lr 24, warmup 8000, decay 48000 + 24000, power 2, batch 65536)
@@ -77,6 +83,8 @@ class DlrmConfig:
                 f"decay_start_step {self.decay_start_step} is before warmup ends at {self.warmup_steps} "
                 "(NVIDIA's scheduler rejects this too)"
             )
+        if self.sharding not in SHARDINGS:
+            raise ValueError(f"sharding {self.sharding!r}: expected one of {', '.join(SHARDINGS)}")
         if self.batch_size < 1 or self.eval_batch_size < 1 or self.epochs < 1:
             raise ValueError("batch_size, eval_batch_size and epochs must be positive")
 

@@ -4,6 +4,12 @@ Also callable in-process as `main(argv)` (world size 1 when torchrun's environme
 parallel with DDP (gloo on CPU, NCCL on CUDA), plain SGD with NVIDIA's warmup + polynomial-decay schedule,
 checkpoints every N steps by rank 0, and automatic resume from the newest checkpoint in the output dir (a retried
 Airflow task continues where the killed one stopped).
+
+With --sharding other than data_parallel the embedding tables are split across the ranks by TorchRec
+(models/dlrm/sharding.py) while the MLPs stay data parallel; checkpoints and model.pt keep the plain format.
+Every rank waits at a final barrier after rank 0 has written model.pt and metrics.json, so that a process that
+dies while tearing down (TorchRec's CPU builds abort at exit now and then) can only do so after the outputs are
+complete; the launcher (tasks/core/launch.py) recognises that case.
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ from models.dlrm.data import (Batch, PrefetchingReader, RawBatch, SplitBinaryDat
                               shard_batch_indices, to_device)
 from models.dlrm.evaluate import predict_dataset, save_model_file
 from models.dlrm.model import Dlrm, embedding_table_bytes
+from models.dlrm import sharding as sharded
 from tasks.formats.feature_spec import FeatureSpec
 from tasks.core.storage import write_text_atomic
 
@@ -57,7 +64,7 @@ class _Run:
     cfg: DlrmConfig
     ctx: DistContext
     log: RankLog
-    core: Dlrm
+    core: Dlrm | sharded.ShardedDlrm
     optimizer: torch.optim.Optimizer
     scheduler: torch.optim.lr_scheduler.LambdaLR
     scaler: torch.amp.GradScaler | None
@@ -71,6 +78,11 @@ class _Run:
     records: list[dict[str, Any]] = field(default_factory=list)
     last_checkpoint: Path | None = None
     last_checkpoint_step: int = -1
+    fused: Any = None  # the tables' optimizer of a sharded run (it steps inside backward)
+
+    @property
+    def sharded(self) -> bool:
+        return self.cfg.sharding != sharded.DATA_PARALLEL
 
 
 def parse_args(argv: list[str] | None = None) -> DlrmConfig:
@@ -86,8 +98,13 @@ def make_scheduler(optimizer: torch.optim.Optimizer, cfg: DlrmConfig,
 
 def weights_checksum(model: torch.nn.Module) -> str:
     """sha256 over every state tensor in key order: equal on all DDP ranks iff their weights are identical."""
+    return state_checksum(model.state_dict())
+
+
+def state_checksum(state: dict[str, torch.Tensor]) -> str:
+    """weights_checksum of a state dict (a sharded run's gathered plain state)."""
     digest = hashlib.sha256()
-    for name, tensor in sorted(model.state_dict().items()):
+    for name, tensor in sorted(state.items()):
         digest.update(name.encode())
         digest.update(tensor.detach().cpu().contiguous().view(-1).view(torch.uint8).numpy().tobytes())
     return digest.hexdigest()
@@ -98,6 +115,12 @@ def _setup(cfg: DlrmConfig, ctx: DistContext) -> _Run:
         raise ValueError("both --dataset_dir and --output_dir are required")
     if cfg.batch_size % ctx.world_size:
         raise ValueError(f"batch_size {cfg.batch_size} is not divisible by the world size {ctx.world_size}")
+    if cfg.sharding != sharded.DATA_PARALLEL:
+        sharded.check_sharding(cfg.sharding, ctx.device)
+        if cfg.amp and ctx.device.type == "cuda":
+            # fp16 needs loss scaling, and the tables' fused optimizer steps inside backward on the scaled gradients.
+            raise ValueError(f"--amp (fp16 with loss scaling) on CUDA does not combine with --sharding {cfg.sharding}: "
+                             "the fused table optimizer would apply scaled gradients; train sharded in fp32")
     torch.manual_seed(cfg.seed)
     spec = FeatureSpec.from_yaml(Path(cfg.dataset_dir) / cfg.feature_spec)
     local_batch = cfg.batch_size // ctx.world_size
@@ -120,12 +143,12 @@ def _setup(cfg: DlrmConfig, ctx: DistContext) -> _Run:
     dim = cfg.bottom_mlp_sizes[-1]
     log(f"embedding tables: {len(cards)} tables, {sum(cards):,} rows x {dim} dims = "
         f"{format_bytes(embedding_table_bytes(cards, dim, cfg.max_table_size))} (fp32)")
-    sparse = cfg.sparse_embeddings and ctx.backend != "nccl"
-    if sparse != cfg.sparse_embeddings:
-        log("NCCL has no sparse all-reduce (pytorch/pytorch#22400): embedding gradients are dense on this run")
-    core = Dlrm(spec.get_number_of_numerical_features(), cards, cfg.bottom_mlp_sizes, cfg.top_mlp_sizes,
-                cfg.max_table_size, cfg.hash_indices, sparse).to(ctx.device)
-    optimizer = torch.optim.SGD(core.parameters(), lr=cfg.lr)
+    try:
+        core, optimizer = _build_model(cfg, ctx, spec, log)
+    except BaseException:
+        train_data.close()
+        test_data.close()
+        raise
     total_steps = steps_per_epoch * cfg.epochs
     schedule = cfg.schedule(total_steps)  # refuses a schedule that would stop learning before the last step
     log(f"lr schedule over {total_steps} steps: warmup {schedule.warmup_steps}, decay from step "
@@ -136,9 +159,30 @@ def _setup(cfg: DlrmConfig, ctx: DistContext) -> _Run:
                 steps_per_epoch=steps_per_epoch, total_steps=total_steps)
 
 
-def _checkpoint_state(run: _Run) -> dict[str, Any]:
+def _build_model(cfg: DlrmConfig, ctx: DistContext, spec: FeatureSpec,
+                 log: RankLog) -> tuple[Dlrm | sharded.ShardedDlrm, torch.optim.Optimizer]:
+    """The model and the optimizer of its gradient-trained parameters (a sharded model's tables train inside
+    backward, by the fused optimizer `sharded.shard` adds)."""
+    cards = spec.get_categorical_sizes()
+    if cfg.sharding != sharded.DATA_PARALLEL:
+        hparams = {"num_numerical": spec.get_number_of_numerical_features(), "categorical_cardinalities": cards,
+                   "bottom_mlp_sizes": cfg.bottom_mlp_sizes, "top_mlp_sizes": cfg.top_mlp_sizes,
+                   "max_table_size": cfg.max_table_size, "hash_indices": cfg.hash_indices,
+                   "sparse_embeddings": cfg.sparse_embeddings}
+        model = sharded.ShardedDlrm(hparams, ctx.device)
+        log(f"embedding tables sharded {cfg.sharding} over {ctx.world_size} rank(s) by TorchRec; MLPs data parallel")
+        return model, torch.optim.SGD(model.dense_parameters(), lr=cfg.lr)
+    sparse = cfg.sparse_embeddings and ctx.backend != "nccl"
+    if sparse != cfg.sparse_embeddings:
+        log("NCCL has no sparse all-reduce (pytorch/pytorch#22400): embedding gradients are dense on this run")
+    model = Dlrm(spec.get_number_of_numerical_features(), cards, cfg.bottom_mlp_sizes, cfg.top_mlp_sizes,
+                 cfg.max_table_size, cfg.hash_indices, sparse).to(ctx.device)
+    return model, torch.optim.SGD(model.parameters(), lr=cfg.lr)
+
+
+def _checkpoint_state(run: _Run, model_state: dict[str, torch.Tensor]) -> dict[str, Any]:
     return {
-        "model": run.core.state_dict(),
+        "model": model_state,
         "optimizer": run.optimizer.state_dict(),
         "scheduler": run.scheduler.state_dict(),
         "scaler": run.scaler.state_dict() if run.scaler is not None else {},
@@ -151,9 +195,27 @@ def _checkpoint_state(run: _Run) -> dict[str, Any]:
     }
 
 
+def _model_state(run: _Run) -> dict[str, torch.Tensor] | None:
+    """The plain Dlrm state dict on rank 0 (a sharded run gathers its tables: every rank must call this)."""
+    if run.sharded:
+        return sharded.gather_plain_state(run.core, run.ctx)
+    return run.core.state_dict() if run.ctx.is_main else None
+
+
 def _save(run: _Run) -> None:
-    if run.ctx.is_main and run.last_checkpoint_step != run.step:
-        run.last_checkpoint = save_checkpoint(run.out / "checkpoints", run.step, _checkpoint_state(run),
+    """Checkpoint the current step (once); every rank calls this."""
+    if run.last_checkpoint_step != run.step:
+        _save_state(run, _model_state(run))
+
+
+def _save_state(run: _Run, model_state: dict[str, torch.Tensor] | None) -> None:
+    """Checkpoint the current step with a state already gathered (None on ranks other than 0); every rank calls
+    this, rank 0 writes."""
+    if run.last_checkpoint_step == run.step:
+        return
+    if run.ctx.is_main:
+        run.last_checkpoint = save_checkpoint(run.out / "checkpoints", run.step,
+                                              _checkpoint_state(run, model_state),
                                               keep_last=run.cfg.keep_checkpoints)
         run.log(f"checkpoint step {run.step} -> {run.last_checkpoint}")
     run.last_checkpoint_step = run.step
@@ -181,11 +243,14 @@ def _resume(run: _Run) -> int | None:
     path = broadcast_from_main(run.ctx, str(found) if found else None)
     if path is None:
         return None
-    state = load_checkpoint(Path(path), map_location=run.ctx.device)
+    # Memory-mapped for a sharded run: each rank reads only the table slices it holds.
+    state = load_checkpoint(Path(path), map_location=run.ctx.device, mmap=run.sharded)
     _check_compatible(run, Path(path), state)
-    run.core.load_state_dict(state["model"])
-    run.optimizer.load_state_dict(state["optimizer"])
-    run.scheduler.load_state_dict(state["scheduler"])
+    if run.sharded:
+        sharded.load_plain_state(run.core, state["model"])
+    else:
+        run.core.load_state_dict(state["model"])
+    _load_optimizer(run, state)
     if run.scaler is not None and state["scaler"]:
         run.scaler.load_state_dict(state["scaler"])
     restore_rng_state(state["rng"])
@@ -198,8 +263,26 @@ def _resume(run: _Run) -> int | None:
     return run.step
 
 
+def _load_optimizer(run: _Run, state: dict[str, Any]) -> None:
+    """The optimizer and schedule of a checkpoint. Across a change of table layout (data parallel <-> sharded) the
+    optimizer holds different parameters; plain SGD keeps no per-parameter state, so only its lr is carried over."""
+    saved = state["optimizer"]
+    layout = state["config"].get("sharding", sharded.DATA_PARALLEL)
+    run.scheduler.load_state_dict(state["scheduler"])
+    if layout != run.cfg.sharding and not saved["state"]:
+        for group in run.optimizer.param_groups:
+            group["lr"] = run.scheduler.get_last_lr()[0]
+        return
+    run.optimizer.load_state_dict(saved)
+
+
 def _train_step(run: _Run, batch: Batch | RawBatch) -> torch.Tensor:
     numerical, categorical, label = to_device(batch, run.ctx.device)
+    if run.fused is not None:
+        # The fused table optimizer applies its lr inside backward: give it this step's lr first.
+        for group in run.fused.param_groups:
+            group["lr"] = run.optimizer.param_groups[0]["lr"]
+        run.fused.zero_grad()
     with autocast_context(run.ctx.device, run.cfg.amp):
         logits = run.model(numerical, categorical)
     loss = torch.nn.functional.binary_cross_entropy_with_logits(logits.float(), label)
@@ -246,12 +329,14 @@ def _write_log(run: _Run) -> Path:
 
 
 def _evaluate(run: _Run, final: bool = False) -> dict[str, Any] | None:
-    """Rank 0 evaluates on the test mapping while the other ranks wait at a barrier."""
+    """Rank 0 evaluates on the test mapping while the other ranks wait at a barrier. A sharded model needs every
+    rank in each forward: all ranks run the same test batches and rank 0 keeps the result."""
     metrics = None
-    if run.ctx.is_main:
+    if run.ctx.is_main or run.sharded:
         started = time.perf_counter()
         predictions = predict_dataset(run.core, run.test_data, run.ctx.device, run.cfg.amp,
                                       run.cfg.limit_eval_batches, run.cfg.prefetch_depth)
+    if run.ctx.is_main:
         metrics = predictions.compute()
         run.log(f"eval step {run.step}: auc {metrics['auc']:.5f} logloss {metrics['logloss']:.5f} "
                 f"rows {metrics['rows']} in {time.perf_counter() - started:.1f}s")
@@ -288,25 +373,38 @@ def _train_epochs(run: _Run) -> ProgressMeter:
 def _finish(run: _Run, resumed: int | None, meter: ProgressMeter) -> TrainResult:
     # The training loop's rate (periodic evaluations and checkpoints included), taken before the final save.
     rate = meter.overall_samples_per_second(run.step)
-    _save(run)
-    checksum = weights_checksum(run.core)
+    if run.sharded:
+        plain = _model_state(run)  # gathered once, for the last checkpoint and model.pt
+        _save_state(run, plain)
+        checksum = broadcast_from_main(run.ctx, state_checksum(plain) if run.ctx.is_main else None)
+    else:
+        plain = None
+        _save(run)
+        checksum = weights_checksum(run.core)
     run.log(f"final weights sha256 {checksum} at step {run.step}", all_ranks=True)
+    per_rank = _gather_per_rank(run, run.core.embedding_bytes())
     result = TrainResult(steps=run.step, epochs=run.cfg.epochs, world_size=run.ctx.world_size,
                          resumed_from_step=resumed, samples_per_second=rate,
-                         final_metrics={}, embedding_bytes=run.core.embedding_bytes(), weights_sha256=checksum,
+                         final_metrics={}, embedding_bytes=per_rank[run.ctx.rank], weights_sha256=checksum,
                          output_dir=run.out)
+    metrics = _evaluate(run, final=True) if run.ctx.is_main or run.sharded else None
     if not run.ctx.is_main:
+        barrier(run.ctx)  # wait until rank 0 has written the outputs (see the module docstring)
         return result
     from models.common.plots import plot_training_curves  # matplotlib: rank 0 only, and only at the end
 
-    metrics = _evaluate(run, final=True) or {}
+    metrics = metrics or {}
     train_losses = [r["loss"] for r in run.records if r["kind"] == "train"]
     result.final_metrics = {**metrics, "steps": run.step, "world_size": run.ctx.world_size,
                             "batch_size": run.cfg.batch_size, "samples_per_second": result.samples_per_second,
                             "final_train_loss": train_losses[-1] if train_losses else None,
-                            "embedding_bytes": result.embedding_bytes, "resumed_from_step": resumed,
+                            "embedding_bytes": result.embedding_bytes, "embedding_bytes_per_rank": per_rank,
+                            "sharding": run.cfg.sharding, "resumed_from_step": resumed,
                             "weights_sha256": checksum, "mapping": run.cfg.test_mapping}
-    result.model_path = save_model_file(run.out / "model.pt", run.core, run.cfg.to_dict(), run.step)
+    if run.sharded:
+        result.final_metrics["sharding_plan"] = sharded.plan_summary(run.core)
+    final_model = sharded.plain_model(run.core.hparams, plain) if plain is not None else run.core
+    result.model_path = save_model_file(run.out / "model.pt", final_model, run.cfg.to_dict(), run.step)
     result.log_path = _write_log(run)
     result.plot_path = plot_training_curves(run.records, run.out / "training_curves.png", title=f"DLRM {run.out.name}")
     result.checkpoint_path = run.last_checkpoint
@@ -314,7 +412,17 @@ def _finish(run: _Run, resumed: int | None, meter: ProgressMeter) -> TrainResult
     result.metrics_path = run.out / "metrics.json"
     write_text_atomic(result.metrics_path, json.dumps(result.final_metrics, indent=2, sort_keys=True))
     run.log(f"done: {run.step} steps, auc {metrics.get('auc', float('nan')):.5f}, outputs in {run.out}")
+    barrier(run.ctx)
     return result
+
+
+def _gather_per_rank(run: _Run, value: int) -> list[int]:
+    """`value` of every rank, in rank order, on every rank."""
+    if not run.ctx.is_distributed:
+        return [value]
+    values: list[Any] = [None] * run.ctx.world_size
+    torch.distributed.all_gather_object(values, value)
+    return [int(v) for v in values]
 
 
 def train(cfg: DlrmConfig, ctx: DistContext) -> TrainResult:
@@ -322,19 +430,32 @@ def train(cfg: DlrmConfig, ctx: DistContext) -> TrainResult:
     if cfg.torch_threads > 0:
         # On a shared worker, fewer threads than cores avoids OpenMP threads spinning against other jobs.
         torch.set_num_threads(cfg.torch_threads)
+    own_group = cfg.sharding != sharded.DATA_PARALLEL and not ctx.is_distributed
+    if own_group:
+        ctx = sharded.single_process_group(ctx)
     try:
         return _train(cfg, ctx)
     finally:
         torch.set_num_threads(previous_threads)
+        if own_group:
+            shutdown_distributed(ctx)
 
 
 def _train(cfg: DlrmConfig, ctx: DistContext) -> TrainResult:
     run = _setup(cfg, ctx)
     try:
         run.out.mkdir(parents=True, exist_ok=True)
-        resumed = _resume(run)
-        run.model = (data_parallel(run.core, ctx, [name for name, _ in run.core.sparse_parameters()])
-                     if ctx.is_distributed else run.core)
+        if run.sharded:
+            # Sharded first: each rank then loads only its own slices from a checkpoint.
+            run.model, run.fused = sharded.shard(run.core, cfg.sharding, ctx, cfg.batch_size // ctx.world_size,
+                                                 cfg.lr)
+            run.log(f"sharding plan ({cfg.sharding}): {sharded.plan_summary(run.core)}; this rank holds "
+                    f"{format_bytes(run.core.embedding_bytes())} of tables", all_ranks=True)
+            resumed = _resume(run)
+        else:
+            resumed = _resume(run)
+            run.model = (data_parallel(run.core, ctx, [name for name, _ in run.core.sparse_parameters()])
+                         if ctx.is_distributed else run.core)
         run.log(f"training {run.total_steps} steps ({cfg.epochs} epochs x {run.steps_per_epoch}) of {cfg.batch_size} "
                 f"rows on {ctx.world_size} x {ctx.device} ({ctx.backend or 'single process'}), amp={cfg.amp}, "
                 f"starting at step {run.step}")

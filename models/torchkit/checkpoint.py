@@ -109,10 +109,13 @@ def _refusal_reason(exc: Exception) -> str:
     return reason[:300] or type(exc).__name__
 
 
-def safe_load(path: Path, kind: str, map_location: str | torch.device = "cpu") -> dict[str, Any]:
-    """Load a recflow file of the given kind with `torch.load(weights_only=True)`; CheckpointError otherwise."""
+def safe_load(path: Path, kind: str, map_location: str | torch.device = "cpu", mmap: bool = False) -> dict[str, Any]:
+    """Load a recflow file of the given kind with `torch.load(weights_only=True)`; CheckpointError otherwise.
+
+    mmap: map the tensors from the file instead of reading them (a process that needs only slices of large
+    tables then reads only those pages)."""
     try:
-        payload = torch.load(path, weights_only=True, map_location=map_location)
+        payload = torch.load(path, weights_only=True, map_location=map_location, mmap=mmap)
     except FileNotFoundError:
         raise CheckpointError(f"{path}: no such checkpoint file") from None
     except Exception as exc:  # torch raises UnpicklingError, RuntimeError, EOFError... for foreign files
@@ -127,8 +130,8 @@ def safe_load(path: Path, kind: str, map_location: str | torch.device = "cpu") -
     return payload
 
 
-def load_checkpoint(path: Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:
-    return safe_load(path, CHECKPOINT_KIND, map_location)
+def load_checkpoint(path: Path, map_location: str | torch.device = "cpu", mmap: bool = False) -> dict[str, Any]:
+    return safe_load(path, CHECKPOINT_KIND, map_location, mmap)
 
 
 def capture_rng_state() -> dict[str, Any]:

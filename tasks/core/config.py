@@ -11,6 +11,12 @@ each pipeline its training profiles. Environment variables (all optional; with n
   RECFLOW_PROFILE          training profile of scheduled and asset-triggered runs (default: full)
   RECFLOW_TRAIN_DEVICE     device of scheduled runs: cpu | cuda | auto (default auto)
   RECFLOW_TRAIN_NPROC      training processes per node of scheduled runs (default 1)
+  RECFLOW_TRAIN_NNODES     machines one training job spans (default 1); each runs a launcher (docs/scale_out.md)
+  RECFLOW_TRAIN_NODE_RANK  this machine's place among them, 0 .. NNODES-1 (default 0; node 0 hosts the rendezvous)
+  RECFLOW_TRAIN_RDZV_ENDPOINT  host:port of torchrun's c10d rendezvous on node 0 (needed when NNODES > 1)
+  RECFLOW_TRAIN_NODE_HOSTS every node's address in node-rank order, separated by commas or spaces (TensorFlow
+                           workers on several nodes: TF_CONFIG names them all)
+  RECFLOW_TRAIN_TF_PORT    TensorFlow workers across nodes: worker k of the job listens on this port + k
   RECFLOW_REGISTRY_CONN_ID Airflow connection (postgres / sqlite) of the model registry (default: none, the SQLite
                            file <data root>/registry.db); a named connection that does not exist fails the task
   RECFLOW_SOURCE_ALLOWED_PREFIXES  http(s):// and s3:// URL prefixes a source URL (a DAG's source_url param) may
@@ -34,6 +40,7 @@ from __future__ import annotations
 import os
 import re
 import subprocess
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -60,6 +67,12 @@ class Settings:
     profile: str = "full"
     train_device: str = "auto"
     train_nproc: int = 1
+    # Multi-node training (tasks.core.launch.NodeLayout); one node by default.
+    train_nnodes: int = 1
+    train_node_rank: int = 0
+    train_rdzv_endpoint: str = ""
+    train_node_hosts: tuple[str, ...] = ()
+    train_tf_port: int = 0
     registry_conn_id: str = ""  # empty: the SQLite registry under the data root
     # What a trigger form may name (see the module docstring): empty = derived from the configured source / store.
     source_allowed_prefixes: tuple[str, ...] = ()
@@ -117,6 +130,7 @@ def load_settings(env: dict[str, str] | None = None) -> Settings:
         overrides["registry_conn_id"] = env["RECFLOW_REGISTRY_CONN_ID"]
     if env.get("RECFLOW_TRAIN_NPROC"):
         overrides["train_nproc"] = int(env["RECFLOW_TRAIN_NPROC"])
+    overrides.update(_multi_node_overrides(env))
     if env.get("RECFLOW_SOURCE_ALLOWED_PREFIXES"):
         prefixes = _list(env["RECFLOW_SOURCE_ALLOWED_PREFIXES"])
         for prefix in prefixes:
@@ -132,6 +146,34 @@ def load_settings(env: dict[str, str] | None = None) -> Settings:
     if env.get("RECFLOW_PARTITION_LOCK_TIMEOUT_S"):
         overrides["partition_lock_timeout_s"] = float(env["RECFLOW_PARTITION_LOCK_TIMEOUT_S"])
     return replace(Settings(), **overrides)
+
+
+def _multi_node_overrides(env: Mapping[str, str]) -> dict[str, object]:
+    """The RECFLOW_TRAIN_NNODES / _NODE_RANK / _RDZV_ENDPOINT / _NODE_HOSTS / _TF_PORT settings, checked together."""
+    overrides: dict[str, object] = {}
+    for name, key in (("RECFLOW_TRAIN_NNODES", "train_nnodes"), ("RECFLOW_TRAIN_NODE_RANK", "train_node_rank"),
+                      ("RECFLOW_TRAIN_TF_PORT", "train_tf_port")):
+        if env.get(name):
+            try:
+                overrides[key] = int(env[name])
+            except ValueError:
+                raise ValueError(f"{name}={env[name]!r}: expected an integer") from None
+    nnodes, rank = overrides.get("train_nnodes", 1), overrides.get("train_node_rank", 0)
+    if nnodes < 1 or not 0 <= rank < nnodes:
+        raise ValueError(f"RECFLOW_TRAIN_NODE_RANK={rank} with RECFLOW_TRAIN_NNODES={nnodes}: "
+                         f"expected 0 .. {nnodes - 1}")
+    if env.get("RECFLOW_TRAIN_RDZV_ENDPOINT"):
+        endpoint = env["RECFLOW_TRAIN_RDZV_ENDPOINT"].strip()
+        host, _, port = endpoint.rpartition(":")
+        if not host or not port.isdigit():
+            raise ValueError(f"RECFLOW_TRAIN_RDZV_ENDPOINT={endpoint!r}: expected host:port")
+        overrides["train_rdzv_endpoint"] = endpoint
+    if env.get("RECFLOW_TRAIN_NODE_HOSTS"):
+        hosts = _list(env["RECFLOW_TRAIN_NODE_HOSTS"])
+        if len(hosts) != nnodes:
+            raise ValueError(f"RECFLOW_TRAIN_NODE_HOSTS names {len(hosts)} host(s) for RECFLOW_TRAIN_NNODES={nnodes}")
+        overrides["train_node_hosts"] = hosts
+    return overrides
 
 
 def _list(value: str) -> tuple[str, ...]:

@@ -8,26 +8,171 @@ MultiWorkerMirroredStrategy, started and stopped together), never in the Airflow
 or OOM of training cannot take the worker down and the task log shows every line as it is printed. A retried task
 resumes from the trainer's latest checkpoint (the trainer looks for one in its output directory); a finished
 training with a manifest for the same inputs is not redone.
+
+Several machines ("nodes"): each node's launcher starts its own processes with the same call plus a NodeLayout
+(from the deployment's settings: RECFLOW_TRAIN_NNODES, _NODE_RANK, _RDZV_ENDPOINT, _NODE_HOSTS, _TF_PORT).
+torchrun's processes meet at a c10d rendezvous hosted by node 0's launcher; TensorFlow's workers get one TF_CONFIG
+naming every worker of every node. The output directory must be one shared directory that every node sees.
+
+A trainer that aborts while tearing down after it wrote its outputs (TorchRec's CPU builds raise SIGABRT at exit
+now and then) does not fail the task: the launcher accepts a SIGABRT exit when the run's outputs were written by this
+launch and are complete, and logs a warning line; any other abort, or one before the outputs exist, fails.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
+import re
+import signal
 import socket
 import sys
-from collections.abc import Mapping
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from tasks.core.process import ChildCommand, run_streaming, run_streaming_group
+from tasks.core.process import ChildCommand, ProcessResult, run_streaming, run_streaming_group
 from tasks.core.storage import Manifest, completed_manifest, read_manifest, write_manifest
+
+if TYPE_CHECKING:
+    from tasks.core.config import Settings
 
 log = logging.getLogger(__name__)
 
+METRICS_FILE = "metrics.json"
+TORCH_MODEL_FILE = "model.pt"
+OUTPUT_WAIT_S = 600.0  # how long a node waits for outputs that another node's rank 0 writes
+
+
 class TrainingFailed(RuntimeError):
     """The trainer exited non-zero; the message is its last error line."""
+
+
+@dataclass(frozen=True)
+class NodeLayout:
+    """Where this launcher's processes sit in a training job spread over `nnodes` machines.
+
+    rdzv_endpoint: host:port of torchrun's c10d rendezvous, served by node 0's launcher (required when nnodes > 1
+    for torchrun). node_hosts: each node's address in node-rank order, and tf_port the first of the consecutive
+    ports of the TensorFlow workers (worker k of the whole job listens on tf_port + k; required when nnodes > 1 for
+    TensorFlow). rdzv_id: the job's name at
+    the rendezvous, the same on every node (default: derived from the output directory)."""
+
+    nnodes: int = 1
+    node_rank: int = 0
+    rdzv_endpoint: str = ""
+    node_hosts: tuple[str, ...] = ()
+    tf_port: int = 0
+    rdzv_id: str = ""
+
+    def __post_init__(self) -> None:
+        if self.nnodes < 1 or not 0 <= self.node_rank < self.nnodes:
+            raise ValueError(f"invalid node layout: node_rank {self.node_rank} of {self.nnodes} node(s)")
+        if self.node_hosts and len(self.node_hosts) != self.nnodes:
+            raise ValueError(f"{len(self.node_hosts)} node hosts {list(self.node_hosts)} for {self.nnodes} nodes")
+
+    @property
+    def multi_node(self) -> bool:
+        return self.nnodes > 1
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> NodeLayout:
+        return cls(nnodes=settings.train_nnodes, node_rank=settings.train_node_rank,
+                   rdzv_endpoint=settings.train_rdzv_endpoint, node_hosts=settings.train_node_hosts,
+                   tf_port=settings.train_tf_port)
+
+    def torchrun_rdzv(self, output_dir: Path) -> dict[str, str]:
+        """torchrun_command's rendezvous arguments of this node (empty on a single node)."""
+        if not self.multi_node:
+            return {}
+        if not self.rdzv_endpoint:
+            raise ValueError(f"training on {self.nnodes} nodes needs a rendezvous endpoint host:port "
+                             "(RECFLOW_TRAIN_RDZV_ENDPOINT, usually node 0's address)")
+        job = self.rdzv_id or "recflow-" + hashlib.sha256(str(output_dir).encode()).hexdigest()[:16]
+        return {"rdzv_endpoint": self.rdzv_endpoint, "rdzv_id": job}
+
+    def tf_cluster(self, workers_per_node: int) -> tuple[list[str], list[int]]:
+        """(every worker's host:port, in TF_CONFIG order; the indices of this node's workers)."""
+        if not self.node_hosts or not self.tf_port:
+            raise ValueError(f"TensorFlow workers on {self.nnodes} nodes need every node's host "
+                             "(RECFLOW_TRAIN_NODE_HOSTS) and a first worker port (RECFLOW_TRAIN_TF_PORT)")
+        # Worker k listens on tf_port + k: distinct even when two "nodes" share a host (tests, one big machine).
+        cluster = [f"{host}:{self.tf_port + node * workers_per_node + i}"
+                   for node, host in enumerate(self.node_hosts) for i in range(workers_per_node)]
+        first = self.node_rank * workers_per_node
+        return cluster, list(range(first, first + workers_per_node))
+
+
+def _node_layout(nodes: NodeLayout | None) -> NodeLayout:
+    if nodes is not None:
+        return nodes
+    from tasks.core.config import load_settings
+
+    return NodeLayout.from_settings(load_settings())
+
+
+_TORCHRUN_EXITCODE = re.compile(r"^\s*exitcode\s*:\s*(-?\d+)")
+_ABORT_CODES = (-signal.SIGABRT, 128 + signal.SIGABRT)
+
+
+def aborted(result: ProcessResult) -> bool:
+    """Whether a child died of SIGABRT: its own exit status, or (torchrun) the first failure torchrun reports."""
+    if result.returncode in _ABORT_CODES:
+        return True
+    lines = list(result.tail)
+    if not any("Root Cause (first observed failure)" in line for line in lines):
+        return False
+    root = lines[max(i for i, line in enumerate(lines) if "Root Cause (first observed failure)" in line):]
+    codes = [int(m.group(1)) for line in root if (m := _TORCHRUN_EXITCODE.match(line))]
+    return bool(codes) and codes[0] in _ABORT_CODES
+
+
+def outputs_complete(output_dir: Path, model_file: str, since: float) -> str | None:
+    """None when the run's outputs are complete and written at or after `since` (this launch): the model file,
+    then metrics.json (written last, a JSON object); else the reason they are not."""
+    model, metrics = output_dir / model_file, output_dir / METRICS_FILE
+    for path in (model, metrics):
+        if not path.is_file() or path.stat().st_size == 0:
+            return f"{path} is missing"
+        if path.stat().st_mtime < since:
+            return f"{path} is older than this launch"
+    if metrics.stat().st_mtime < model.stat().st_mtime:
+        return f"{metrics} is older than {model.name}"
+    try:
+        if not isinstance(json.loads(metrics.read_text()), dict):
+            return f"{metrics} is not a JSON object"
+    except (OSError, ValueError) as exc:
+        return f"{metrics} is unreadable ({exc})"
+    return None
+
+
+def _accept_abort(results: Sequence[ProcessResult], output_dir: Path, model_file: str, since: float,
+                  what: str) -> bool:
+    """True when every failed child aborted (SIGABRT) and the outputs are complete: logged as a warning."""
+    failed = [r for r in results if r.returncode != 0]
+    if not failed or not all(aborted(r) for r in failed):
+        return False
+    reason = outputs_complete(output_dir, model_file, since)
+    if reason is not None:
+        log.error("%s aborted (SIGABRT) before its outputs were complete: %s", what, reason)
+        return False
+    log.warning("%s aborted (SIGABRT) after writing complete outputs to %s (a known teardown crash of TorchRec's "
+                "CPU builds): accepting the finished training", what, output_dir)
+    return True
+
+
+def _wait_for_outputs(output_dir: Path, model_file: str, since: float, timeout_s: float = OUTPUT_WAIT_S) -> None:
+    """On a multi-node job this node's processes may finish before the rank that writes the outputs (which can
+    live on another node): wait for them."""
+    deadline = time.monotonic() + timeout_s
+    while (reason := outputs_complete(output_dir, model_file, since)) is not None:
+        if time.monotonic() > deadline:
+            raise TrainingFailed(f"this node's training processes finished, but after {timeout_s:.0f}s: {reason}")
+        time.sleep(1.0)
 
 
 def free_port() -> int:
@@ -54,13 +199,24 @@ def config_args(config: Mapping[str, Any]) -> list[str]:
 
 def torchrun_command(nproc: int, module: str, args: list[str], *, nnodes: int = 1, node_rank: int = 0,
                      master_addr: str = "127.0.0.1", master_port: int | None = None,
-                     python: str | None = None) -> list[str]:
-    """torchrun argv (as a list: no shell) that runs `python -m module args` on nproc local processes."""
+                     python: str | None = None, rdzv_endpoint: str = "", rdzv_id: str = "") -> list[str]:
+    """torchrun argv (as a list: no shell) that runs `python -m module args` on nproc local processes.
+
+    With rdzv_endpoint the nodes meet at a c10d rendezvous there (hosted by node 0, which must be reachable at that
+    address) under the job name rdzv_id; without it, at master_addr:master_port (one node)."""
     if not 1 <= nproc <= 64 or nnodes < 1 or not 0 <= node_rank < nnodes:
         raise ValueError(f"invalid launch shape: nproc={nproc} nnodes={nnodes} node_rank={node_rank}")
-    return [python or sys.executable, "-m", "torch.distributed.run", f"--nnodes={nnodes}", f"--nproc_per_node={nproc}",
-            f"--node_rank={node_rank}", f"--master_addr={master_addr}",
-            f"--master_port={master_port or free_port()}", "-m", module, *args]
+    head = [python or sys.executable, "-m", "torch.distributed.run", f"--nnodes={nnodes}", f"--nproc_per_node={nproc}",
+            f"--node_rank={node_rank}"]
+    if rdzv_endpoint:
+        if not rdzv_id:
+            raise ValueError("a c10d rendezvous needs a job id (rdzv_id), the same on every node")
+        # is_host: node 0 serves the rendezvous store, the others connect to it (no guessing from host names).
+        head += ["--rdzv_backend=c10d", f"--rdzv_endpoint={rdzv_endpoint}", f"--rdzv_id={rdzv_id}",
+                 f"--rdzv_conf=is_host={'true' if node_rank == 0 else 'false'}"]
+    else:
+        head += [f"--master_addr={master_addr}", f"--master_port={master_port or free_port()}"]
+    return [*head, "-m", module, *args]
 
 
 def _child_env(nproc: int) -> dict[str, str]:
@@ -76,22 +232,32 @@ def _child_env(nproc: int) -> dict[str, str]:
 
 
 def train_with_torchrun(module: str, dataset_dir: Path, output_dir: Path, config: Mapping[str, Any], *,
-                        nproc: int = 1, label: str = "train") -> dict[str, Any]:
+                        nproc: int = 1, label: str = "train", nodes: NodeLayout | None = None) -> dict[str, Any]:
     """Run `module` (a trainer whose main() takes --dataset_dir/--output_dir plus its config flags and writes
-    metrics.json) on nproc processes; cached by a manifest of (dataset, config, nproc). Returns metrics + paths."""
+    model.pt, then metrics.json) on nproc processes; cached by a manifest of (dataset, config, nproc). Returns
+    metrics + paths. `nodes`: this node's place in a multi-node job (default: from the deployment's settings);
+    every node calls this with the same arguments."""
     dataset_manifest = read_manifest(dataset_dir)
     if dataset_manifest is None:
         raise FileNotFoundError(f"dataset {dataset_dir} has no manifest: run transform / validate first")
+    nodes = _node_layout(nodes)
     inputs = {"dataset": dataset_manifest["inputs_fingerprint"], "config": dict(config), "nproc": nproc}
+    if nodes.multi_node:
+        inputs["nnodes"] = nodes.nnodes
     done = completed_manifest(output_dir, inputs)
     if done is None:
         full = {**config, "dataset_dir": str(dataset_dir), "output_dir": str(output_dir)}
-        argv = torchrun_command(nproc, module, config_args(full))
-        log.info("launching %d training process(es): %s", nproc, " ".join(argv[:6]))
+        argv = torchrun_command(nproc, module, config_args(full), nnodes=nodes.nnodes, node_rank=nodes.node_rank,
+                                **nodes.torchrun_rdzv(output_dir))
+        log.info("launching %d training process(es) on node %d of %d: %s", nproc, nodes.node_rank, nodes.nnodes,
+                 " ".join(argv[:6]))
+        started = time.time() - 1.0  # file times can be a little coarser than the clock
         result = run_streaming(argv, env=_child_env(nproc), label=label)
-        if result.returncode != 0:
+        if result.returncode != 0 and not _accept_abort([result], output_dir, TORCH_MODEL_FILE, started, "training"):
             raise TrainingFailed(f"training exited {result.returncode}: {result.last_error_line}")
-        metrics = json.loads((output_dir / "metrics.json").read_text())
+        if nodes.multi_node:
+            _wait_for_outputs(output_dir, TORCH_MODEL_FILE, started)
+        metrics = json.loads((output_dir / METRICS_FILE).read_text())
         done_manifest = Manifest(kind=f"training:{module}", inputs=inputs, extra={"metrics": metrics})
         # Checkpoints are excluded from the checksummed file list: they rotate and can be large.
         write_manifest(output_dir, done_manifest, checksum=False)
@@ -99,7 +265,7 @@ def train_with_torchrun(module: str, dataset_dir: Path, output_dir: Path, config
     else:
         log.info("training in %s already finished for these inputs: nothing to do", output_dir)
     metrics = done["extra"]["metrics"]
-    return {"output_dir": str(output_dir), "model_path": str(output_dir / "model.pt"), "metrics": metrics,
+    return {"output_dir": str(output_dir), "model_path": str(output_dir / TORCH_MODEL_FILE), "metrics": metrics,
             "plot": str(output_dir / "training_curves.png")}
 
 
@@ -107,23 +273,29 @@ TF_MODEL_FILE = "model.weights.h5"  # Keras weights; the trainer writes model_co
 
 
 def tf_worker_envs(workers: int, *, ports: list[int] | None = None, host: str = "127.0.0.1",
-                   cores: int | None = None) -> list[dict[str, str]]:
-    """One environment per worker: TF_CONFIG naming every worker (localhost ports) and this one's index, and
+                   cores: int | None = None, cluster: list[str] | None = None,
+                   indices: list[int] | None = None) -> list[dict[str, str]]:
+    """One environment per local worker: TF_CONFIG naming every worker (localhost ports) and this one's index, and
     thread pools sized so workers x intra-op threads <= cores. One worker gets no TF_CONFIG (single-process
-    strategy)."""
+    strategy). Multi-node: `cluster` names every worker of every node (NodeLayout.tf_cluster) and `indices` the
+    positions in it of this node's `workers` workers."""
     if not 1 <= workers <= 64:
         raise ValueError(f"invalid number of TensorFlow workers: {workers}")
     cores = cores or os.cpu_count() or 1
     intra = max(1, cores // workers)
-    ports = ports or [free_port() for _ in range(workers)]
-    if len(set(ports)) != workers:
-        raise ValueError(f"need {workers} distinct ports, got {ports}")
-    cluster = [f"{host}:{port}" for port in ports]
+    if cluster is None:
+        ports = ports or [free_port() for _ in range(workers)]
+        if len(set(ports)) != workers:
+            raise ValueError(f"need {workers} distinct ports, got {ports}")
+        cluster = [f"{host}:{port}" for port in ports]
+    indices = list(range(workers)) if indices is None else indices
+    if len(indices) != workers or len(set(cluster)) != len(cluster) or not set(indices) <= set(range(len(cluster))):
+        raise ValueError(f"workers {indices} do not fit the cluster {cluster}")
     envs = []
-    for index in range(workers):
+    for index in indices:
         env = _child_env(1)
         env.pop("TF_CONFIG", None)
-        if workers > 1:
+        if len(cluster) > 1:
             env["TF_CONFIG"] = json.dumps({"cluster": {"worker": cluster}, "task": {"type": "worker", "index": index}})
         env.update({"TF_NUM_INTRAOP_THREADS": str(intra), "TF_NUM_INTEROP_THREADS": str(min(2, intra)),
                     "OMP_NUM_THREADS": str(intra)})
@@ -133,31 +305,43 @@ def tf_worker_envs(workers: int, *, ports: list[int] | None = None, host: str = 
 
 
 def train_with_tf_workers(module: str, dataset_dir: Path, output_dir: Path, config: Mapping[str, Any], *,
-                          workers: int = 1, label: str = "train", manifest_dir: Path | None = None) -> dict[str, Any]:
+                          workers: int = 1, label: str = "train", manifest_dir: Path | None = None,
+                          nodes: NodeLayout | None = None) -> dict[str, Any]:
     """Run `module` (a TensorFlow trainer whose main() takes --dataset_dir/--output_dir plus its config flags,
     reads TF_CONFIG and writes metrics.json on the chief) as `workers` processes; cached by a manifest of
     (dataset, config, workers). `manifest_dir`: where the dataset's manifest is when dataset_dir is a part of a
     larger output (default: dataset_dir). If one worker fails the others are stopped and TrainingFailed names the
-    failing worker and its last error line. Returns metrics + paths."""
+    failing worker and its last error line. `nodes`: this node's place in a multi-node job (default: from the
+    deployment's settings; `workers` is then the number per node). Returns metrics + paths."""
     manifest_dir = manifest_dir or dataset_dir
     dataset_manifest = read_manifest(manifest_dir)
     if dataset_manifest is None:
         raise FileNotFoundError(f"dataset {manifest_dir} has no manifest: run preprocessing / validate first")
+    nodes = _node_layout(nodes)
     inputs = {"dataset": dataset_manifest["inputs_fingerprint"], "config": dict(config), "workers": workers,
               "launcher": "tf_workers"}
+    layout: dict[str, Any] = {}
+    if nodes.multi_node:
+        inputs["nnodes"] = nodes.nnodes
+        layout["cluster"], layout["indices"] = nodes.tf_cluster(workers)
     done = completed_manifest(output_dir, inputs)
     if done is None:
         full = {**config, "dataset_dir": str(dataset_dir), "output_dir": str(output_dir)}
         argv = [sys.executable, "-m", module, *config_args(full)]
-        children = [ChildCommand(argv, env, f"worker {index}")
-                    for index, env in enumerate(tf_worker_envs(workers))]
-        log.info("launching %d TensorFlow worker(s): %s", workers, " ".join(argv[:3]))
+        envs = tf_worker_envs(workers, **layout)
+        first = layout.get("indices", [0])[0]
+        children = [ChildCommand(argv, env, f"worker {first + i}") for i, env in enumerate(envs)]
+        log.info("launching %d TensorFlow worker(s) on node %d of %d: %s", workers, nodes.node_rank, nodes.nnodes,
+                 " ".join(argv[:3]))
+        started = time.time() - 1.0
         result = run_streaming_group(children, label=label)
-        if not result.ok:
+        if not result.ok and not _accept_abort(result.results, output_dir, TF_MODEL_FILE, started, "training"):
             failed = result.results[result.first_failed]
-            raise TrainingFailed(f"training worker {result.first_failed} of {workers} exited {failed.returncode}: "
-                                 f"{failed.last_error_line}")
-        metrics = json.loads((output_dir / "metrics.json").read_text())
+            raise TrainingFailed(f"training worker {first + result.first_failed} of {workers} exited "
+                                 f"{failed.returncode}: {failed.last_error_line}")
+        if nodes.multi_node:
+            _wait_for_outputs(output_dir, TF_MODEL_FILE, started)
+        metrics = json.loads((output_dir / METRICS_FILE).read_text())
         done_manifest = Manifest(kind=f"training:{module}", inputs=inputs, extra={"metrics": metrics})
         write_manifest(output_dir, done_manifest, checksum=False)
         done = read_manifest(output_dir)

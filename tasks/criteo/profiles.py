@@ -49,6 +49,10 @@ KNOBS: dict[str, Knob] = {
     "log_every_steps": Knob({"type": "integer", "minimum": 1}, "Progress line interval in steps."),
     "seed": Knob({"type": "integer", "minimum": 0}, "Seed for weights and batch order."),
     "amp": Knob({"type": "boolean"}, "Mixed precision: fp16 on CUDA, bf16 autocast on CPU."),
+    "sharding": Knob({"type": "string", "enum": ["data_parallel", "table_wise", "column_wise", "auto", "row_wise"]},
+                     "Embedding tables: data_parallel (every process holds all), or split across the training "
+                     "processes by TorchRec: table_wise, column_wise, auto (TorchRec's planner picks), row_wise "
+                     "(CUDA only). The MLPs stay data parallel."),
     "min_auc": Knob({"type": "number", "minimum": 0, "maximum": 1}, "Publish only if test AUC reaches this."),
     "max_regression": Knob({"type": "number", "minimum": 0, "maximum": 1},
                            "Publish only if AUC is at most this much below the published model."),
@@ -56,14 +60,14 @@ KNOBS: dict[str, Knob] = {
 
 # Knobs handed to the trainer (models.dlrm.config.DlrmConfig fields of the same name); the rest are the pipeline's.
 MODEL_KNOBS = ("batch_size", "lr", "epochs", "warmup_steps", "decay_start_step", "decay_steps", "schedule_scaling",
-               "limit_train_batches", "checkpoint_every_steps", "log_every_steps", "seed", "amp")
+               "limit_train_batches", "checkpoint_every_steps", "log_every_steps", "seed", "amp", "sharding")
 
 _FULL: dict[str, Any] = {
     "window_days": 23, "frequency_threshold": 15, "threshold_overrides": "", "dictionary_days": "train",
     "bottom_mlp": "512,256,128", "top_mlp": "1024,1024,512,256,1", "batch_size": 65536, "lr": 24.0, "epochs": 1,
     "warmup_steps": 8000, "decay_start_step": 48000, "decay_steps": 24000, "schedule_scaling": "run",
     "limit_train_batches": None, "checkpoint_every_steps": 1000, "log_every_steps": 100, "seed": 12345,
-    "amp": False, "min_auc": 0.79, "max_regression": 0.005,
+    "amp": False, "sharding": "data_parallel", "min_auc": 0.79, "max_regression": 0.005,
 }
 
 PROFILES: dict[str, dict[str, Any]] = {
