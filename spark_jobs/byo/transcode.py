@@ -32,7 +32,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from spark_jobs.common import configure_logging, log, run_job, spark_session
-from tasks.byo.spec import (CATEGORICAL_CHANNEL, DELIMITER, FLOAT16_MAX, LABEL_CHANNEL, MAPPINGS, NUMERICAL_CHANNEL,
+from tasks.byo.spec import (CATEGORICAL_CHANNEL, DELIMITER, FLOAT16_MAX, MAPPINGS, NUMERICAL_CHANNEL,
                             PATTERNS, csv_chunks, load_csv_spec, renamed_features, resolve_cardinalities)
 from tasks.core.progress import ProgressLog
 from tasks.core.storage import Manifest, atomic_directory, write_manifest

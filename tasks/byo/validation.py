@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from tasks.byo.spec import (CATEGORICAL_CHANNEL, FLOAT16_MAX, LABEL_CHANNEL, MAPPINGS, NUMERICAL_CHANNEL, PATTERNS,
+from tasks.byo.spec import (CATEGORICAL_CHANNEL, FLOAT16_MAX, MAPPINGS, NUMERICAL_CHANNEL, PATTERNS,
                             RULE_TEXT, CsvChunk, csv_chunks, declared_cardinalities)
 from tasks.core.progress import ProgressLog
 from tasks.core.storage import Manifest, atomic_directory, write_manifest, write_text_atomic

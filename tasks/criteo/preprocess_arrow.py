@@ -29,7 +29,6 @@ multiprocessing's spawn requires; `python -m tasks`, Airflow and pytest do.
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import math
