@@ -1,7 +1,8 @@
 """Figure 2, raw logs to split-binary: the whole Criteo preprocessing path through the command line, against the
 pyarrow parse floor of the same files measured in the same run.
 
-One run = `python -m tasks criteo ingest --days 0-2` (download + validate + day stats of each day) then
+One run = `python -m tasks criteo ingest --days 0-2 --jobs <cores>` (download + validate + day stats of each day,
+one day per core at a time) then
 `python -m tasks criteo preprocess --train-days 0-1 --test-day 2 --engine E` (dictionary + transform + dataset
 validation) into a fresh data root, once per preprocessing engine (spark: the spark-submit jobs; arrow: the
 single-machine engine, tasks/criteo/preprocess_arrow.py), in alternating order, over the same ingested days: issue
@@ -38,6 +39,9 @@ DAY_ROWS = {"quick": 1_000_000, "full": 1_000_000}
 TARGET_END_TO_END = 0.10
 TARGET_RETRAIN = 0.25
 ENGINES = ("spark", "arrow")
+# Days ingested at once: one per core, as the floor parses with every core (a user backfilling on one machine does
+# the same with --jobs; the DAG runs days as concurrent runs).
+INGEST_JOBS = os.cpu_count() or 1
 
 
 @dataclass
@@ -129,7 +133,7 @@ def run_once(source_dir: Path, rows_per_day: int, index: int, work_dir: Path) ->
     train = f"{min(TRAIN_DAYS)}-{max(TRAIN_DAYS)}"
     log.info("end to end %d: criteo ingest --days %s, then preprocess with %s (logs in %s)", index + 1, days,
              " and ".join(ENGINES), logs)
-    ingest, ingest_s, ingest_json = _cli(["criteo", "ingest", "--days", days], env,
+    ingest, ingest_s, ingest_json = _cli(["criteo", "ingest", "--days", days, "--jobs", str(INGEST_JOBS)], env,
                                          logs / f"e2e-ingest-{index}.log", root / "ingest.json")
     runs, digests = [], {}
     for engine in ENGINES[index % 2:] + ENGINES[:index % 2]:

@@ -56,7 +56,7 @@ of fixed start-up on 2 cores; full mode repeats both (`--spark-repeats` override
    whole process tree (the Airflow `dag.test` process or the preprocessing driver, spark-submit's JVM and its
    Python workers), method below.
 7. **end to end** (section 2 "end to end"): raw TSV to a validated split-binary dataset through the command line
-   (`bench/endtoend.py`): `python -m tasks criteo ingest --days 0-2` then `criteo preprocess --train-days 0-1
+   (`bench/endtoend.py`): `python -m tasks criteo ingest --days 0-2 --jobs <cores>` then `criteo preprocess --train-days 0-1
    --test-day 2 --engine E` once per engine (spark: the spark-submit jobs; arrow: the single-machine engine) over
    the same ingested days, three days of 1,000,000 rows (issue #17's measurement), wall time of the commands
    (process start, imports and JVM starts included); retrain-only = the dictionary + transform steps inside it. The

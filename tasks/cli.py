@@ -3,7 +3,9 @@
   python -m tasks [--data-root DIR] [-v | --quiet] [--json PATH] PIPELINE COMMAND [options]   (or: recflow ...)
 
   criteo     demo-data   --days 0-2 [--rows N]     synthetic day_N files into the source folder
-             ingest      --day 3 | --days 0-23     download_day -> validate_day -> day_stats, day by day
+             ingest      --day 3 | --days 0-23 [--jobs N]
+                                                   download_day -> validate_day -> day_stats, day by day
+                                                   (N days at once, each in its own process)
              preprocess  --train-days 0-1 --test-day 2 [--out DIR | --run-id ID] [--engine spark|arrow]
                                                    resolve_run -> build_dictionary -> transform_dataset ->
                                                    validate_dataset, into DIR/dictionary and DIR/dataset
@@ -201,7 +203,7 @@ def criteo_demo_data(args: argparse.Namespace, settings: Settings, steps: Steps)
 
 
 def criteo_ingest(args: argparse.Namespace, settings: Settings, steps: Steps) -> None:
-    from tasks.criteo.ingest import day_stats, download_day, validate_day
+    from tasks.criteo.ingest import day_stats
 
     days = [args.day] if args.day is not None else args.days
     if args.source and len(days) > 1 and "{day}" not in args.source:
@@ -209,22 +211,70 @@ def criteo_ingest(args: argparse.Namespace, settings: Settings, steps: Steps) ->
                          "put {day} where the day number goes")
     if args.expected_sha256 and len(days) > 1:
         raise ValueError("--expected-sha256 checks one file: ingest one day with it")
-
-    def engine(step: Callable[..., Any]) -> dict[str, str]:
-        """--day-stats-engine for each step that takes one (validate_day writes the stats with the arrow engine)."""
-        takes = args.day_stats_engine is not None and "engine" in inspect.signature(step).parameters
-        return {"engine": args.day_stats_engine} if takes else {}
-
-    if args.day_stats_engine is not None and not engine(day_stats):
+    if args.day_stats_engine is not None and not _engine_kwargs(args, day_stats):
         raise ValueError("--day-stats-engine: this version's day_stats has no engine choice (it always runs Spark)")
-    for day in days:
-        source = args.source.replace("{day}", str(day)) if args.source else None
-        steps.run("download_day", download_day, settings, day, source=source,
-                  expected_sha256=args.expected_sha256, aws_conn_id=args.aws_conn_id, label=f"day {day}")
-        steps.run("validate_day", validate_day, settings, day, bad_row_budget=args.bad_row_budget,
-                  label=f"day {day}", **engine(validate_day))
-        steps.run("day_stats", day_stats, settings, day, spark_master=args.spark_master, label=f"day {day}",
-                  **engine(day_stats))
+    jobs = min(args.jobs, len(days))
+    if jobs <= 1:
+        for day in days:
+            _ingest_day(args, settings, day, steps)
+        return
+    # Days in parallel, each in its own process (a day's steps stay in order; days are independent, as the DAG's
+    # runs are). Spawned, not forked: the parent may hold library threads (pyarrow's pools).
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    log.info("ingesting %d days in %d processes", len(days), jobs)
+    level = logging.getLogger().level
+    with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn"), initializer=_worker_logging,
+                             initargs=(level,)) as pool:
+        futures = [pool.submit(_ingest_day_records, args, settings, day) for day in days]
+        failed = None
+        for future in futures:  # in day order: the report lists each day's steps together
+            try:
+                steps.records += future.result()
+            except Exception as error:  # the day's records travel on the error (see _ingest_day_records)
+                steps.records += getattr(error, "recflow_records", [])
+                failed = failed or error
+                for other in futures:
+                    other.cancel()
+        if failed is not None:
+            raise failed
+
+
+def _engine_kwargs(args: argparse.Namespace, step: Callable[..., Any]) -> dict[str, str]:
+    """--day-stats-engine for a step that takes one (validate_day writes the stats with the arrow engine)."""
+    takes = args.day_stats_engine is not None and "engine" in inspect.signature(step).parameters
+    return {"engine": args.day_stats_engine} if takes else {}
+
+
+def _ingest_day(args: argparse.Namespace, settings: Settings, day: int, steps: Steps) -> None:
+    from tasks.criteo.ingest import day_stats, download_day, validate_day
+
+    source = args.source.replace("{day}", str(day)) if args.source else None
+    steps.run("download_day", download_day, settings, day, source=source,
+              expected_sha256=args.expected_sha256, aws_conn_id=args.aws_conn_id, label=f"day {day}")
+    steps.run("validate_day", validate_day, settings, day, bad_row_budget=args.bad_row_budget,
+              label=f"day {day}", **_engine_kwargs(args, validate_day))
+    steps.run("day_stats", day_stats, settings, day, spark_master=args.spark_master, label=f"day {day}",
+              **_engine_kwargs(args, day_stats))
+
+
+def _ingest_day_records(args: argparse.Namespace, settings: Settings, day: int) -> list[StepRecord]:
+    """One day's steps in a worker process; its step records, also attached to an error (pickled with it)."""
+    steps = Steps()
+    try:
+        _ingest_day(args, settings, day, steps)
+    except Exception as error:
+        error.recflow_records = steps.records
+        raise
+    return steps.records
+
+
+def _worker_logging(level: int) -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s", datefmt="%H:%M:%S"))
+    logging.getLogger().addHandler(handler)
+    logging.getLogger().setLevel(level)
 
 
 def criteo_preprocess(args: argparse.Namespace, settings: Settings, steps: Steps) -> None:
@@ -274,6 +324,9 @@ def add_criteo_commands(pipelines: argparse._SubParsersAction) -> None:
     p.add_argument("--day-stats-engine", choices=DAY_STATS_ENGINES, default=None,
                    help="how day stats are computed (default: RECFLOW_CRITEO_DAY_STATS_ENGINE; arrow: in "
                         "validation's pass; spark: a spark-submit)")
+    p.add_argument("--jobs", type=positive, default=1,
+                   help="days ingested at once, each in its own process (default 1; the machine's cores is the "
+                        "useful most)")
     _spark_options(p)
     p = commands["preprocess"]
     p.add_argument("--test-day", type=non_negative, required=True, help="the held-out day (test + validation)")

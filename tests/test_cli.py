@@ -16,6 +16,7 @@ import pytest
 
 from bench.preprocessing import measured_steps, preprocess_args
 from tasks import cli
+from tasks.core.storage import read_manifest
 from tests.conftest import REPO
 
 ROWS = 2000  # rows per synthetic day: the end-to-end run is Spark's start-up, not data
@@ -219,6 +220,36 @@ def test_a_day_with_too_many_bad_rows_exits_1_with_one_line(tmp_path):
     doc = report(out)
     assert [(r["step"], r["error"] is None) for r in doc["steps"]] == [("download_day", True), ("validate_day", False)]
     assert not (data / "criteo" / "validated" / "day=5" / "_MANIFEST.json").exists()
+
+
+def test_parallel_ingest_writes_what_a_serial_one_does_and_fails_with_one_line(tmp_path):
+    serial, parallel = tmp_path / "serial", tmp_path / "parallel"
+    for data in (serial, parallel):
+        made = run_cli("--data-root", str(data), "criteo", "demo-data", "--days", "0-2", "--rows", "500")
+        assert made.returncode == 0, made.stderr
+    out = tmp_path / "parallel.json"
+    assert run_cli("--data-root", str(serial), "criteo", "ingest", "--days", "0-2").returncode == 0
+    result = run_cli("--data-root", str(parallel), "criteo", "ingest", "--days", "0-2", "--jobs", "2",
+                     "--json", str(out))
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "ingesting 3 days in 2 processes" in result.stderr and "day_2" in result.stderr  # workers' lines too
+    doc = report(out)
+    assert [r["step"] for r in doc["steps"]] == ["download_day", "validate_day", "day_stats"] * 3  # by day
+    assert [r["day"] for r in step_results(doc, "validate_day")] == [0, 1, 2]
+    for day in range(3):  # the same stats, whichever process wrote them
+        stats = [read_manifest(root / "criteo" / "stats" / f"day={day}") for root in (serial, parallel)]
+        assert stats[0]["inputs_fingerprint"] == stats[1]["inputs_fingerprint"]
+        assert stats[0]["rows"] == stats[1]["rows"] and stats[0]["rows"]["good"] == 500
+    # A day whose source is missing fails the command with its one line; the other days' steps are reported.
+    (parallel / "criteo" / "source" / "day_4").unlink(missing_ok=True)
+    failed = run_cli("--data-root", str(parallel), "criteo", "ingest", "--days", "2-4", "--jobs", "2",
+                     "--json", str(out))
+    assert failed.returncode == 1 and "Traceback" not in failed.stderr
+    last = failed.stderr.strip().splitlines()[-1]
+    assert last.startswith("recflow criteo ingest: SourceNotFound: source file not found: ") and "day_3" in last
+    doc = report(out)
+    assert doc["ok"] is False and ("download_day", doc["error"]) in [(r["step"], r["error"]) for r in doc["steps"]]
+    assert step_results(doc, "day_stats")[0]["cached"] is True  # day 2, already ingested
 
 
 @pytest.mark.spark
