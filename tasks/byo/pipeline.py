@@ -12,7 +12,6 @@ import json
 import logging
 import os
 import time
-from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -20,8 +19,9 @@ from urllib.parse import quote
 
 from tasks.core.config import Settings, code_version
 from tasks.core.layout import run_dir
-from tasks.core.profiles import layer_sizes
+from tasks.core.profiles import dlrm_model_config
 from tasks.core.storage import completed_manifest, fingerprint, read_manifest
+from tasks.release import runs
 
 log = logging.getLogger(__name__)
 
@@ -40,9 +40,8 @@ class StepInputMissing(FileNotFoundError):
     """A step ran before the step it depends on finished; the message names what to run first."""
 
 
-@dataclass(frozen=True)
-class RunPaths:
-    root: Path
+class RunPaths(runs.RunPaths):
+    """A byo_dlrm run's folders: the generic training ones (train, eval, gate) plus its inputs and dataset."""
 
     @property
     def source(self) -> Path:
@@ -57,34 +56,16 @@ class RunPaths:
     def dataset(self) -> Path:
         return self.root / "dataset"
 
-    @property
-    def train(self) -> Path:
-        return self.root / "train"
-
-    @property
-    def evaluation(self) -> Path:
-        return self.root / "eval"
-
-    @property
-    def gate(self) -> Path:
-        return self.root / "gate"
-
 
 def run_paths(settings: Settings, run_id: str) -> RunPaths:
     return RunPaths(run_dir(settings.data_root, PIPELINE, run_id))
 
 
 def model_config(knobs: dict[str, Any], device: str) -> dict[str, Any]:
-    """DlrmConfig fields from the resolved knobs: every model knob explicit (MLP sizes parsed), and the device."""
+    """DlrmConfig fields from the resolved knobs (tasks.core.profiles.dlrm_model_config)."""
     from tasks.byo.profiles import MODEL_KNOBS
 
-    config = {name: knobs[name] for name in MODEL_KNOBS}
-    config["bottom_mlp_sizes"] = layer_sizes(knobs["bottom_mlp"])
-    config["top_mlp_sizes"] = layer_sizes(knobs["top_mlp"])
-    if config["top_mlp_sizes"][-1] != 1:
-        raise ValueError(f"top MLP {knobs['top_mlp']!r} must end in 1 (the click logit)")
-    config["device"] = device
-    return config
+    return dlrm_model_config(knobs, MODEL_KNOBS, device)
 
 
 def data_base_uri(spec_uri: str, data_uri: str | None) -> str:

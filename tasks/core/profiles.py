@@ -8,7 +8,7 @@ empty means "the profile's value". `resolve_knobs` is the only place where the t
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -57,3 +57,15 @@ def layer_sizes(text: str, *, what: str = "MLP sizes", even_first: bool = False)
     if even_first and sizes[0] % 2:
         raise ValueError(f"{what} {text!r}: the first width is split in two halves, so it must be even")
     return sizes
+
+
+def dlrm_model_config(knobs: Mapping[str, Any], model_knobs: Sequence[str], device: str) -> dict[str, Any]:
+    """A DLRM trainer's config fields from a pipeline's resolved knobs: every model knob explicit, the MLP widths
+    parsed (the top MLP must end in 1, the click logit), and the device. Refuses bad sizes with one line."""
+    config = {name: knobs[name] for name in model_knobs}
+    config["bottom_mlp_sizes"] = layer_sizes(knobs["bottom_mlp"])
+    config["top_mlp_sizes"] = layer_sizes(knobs["top_mlp"])
+    if config["top_mlp_sizes"][-1] != 1:
+        raise ValueError(f"top MLP {knobs['top_mlp']!r} must end in 1 (the click logit)")
+    config["device"] = device
+    return config

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from tasks.core.layout import run_dir
-from tasks.core.profiles import layer_sizes
+from tasks.core.profiles import dlrm_model_config
 from tasks.criteo import layout
 from tasks.core.config import Settings, code_version
 from tasks.core.storage import file_sha256, fingerprint, read_manifest, write_text_atomic
@@ -154,16 +154,10 @@ def run_paths(settings: Settings, run_id: str) -> RunPaths:
 
 
 def model_config(knobs: dict[str, Any], device: str) -> dict[str, Any]:
-    """DlrmConfig fields from the resolved knobs: every model knob explicit (MLP sizes parsed), and the device."""
+    """DlrmConfig fields from the resolved knobs (tasks.core.profiles.dlrm_model_config)."""
     from tasks.criteo.profiles import MODEL_KNOBS
 
-    config = {name: knobs[name] for name in MODEL_KNOBS}
-    config["bottom_mlp_sizes"] = layer_sizes(knobs["bottom_mlp"])
-    config["top_mlp_sizes"] = layer_sizes(knobs["top_mlp"])
-    if config["top_mlp_sizes"][-1] != 1:
-        raise ValueError(f"top MLP {knobs['top_mlp']!r} must end in 1 (the click logit)")
-    config["device"] = device
-    return config
+    return dlrm_model_config(knobs, MODEL_KNOBS, device)
 
 
 def train(settings: Settings, run_id: str, run: dict[str, Any]) -> dict[str, Any]:
