@@ -31,11 +31,12 @@ $(STAMP): requirements.txt pyproject.toml
 	@touch $(STAMP)
 
 # Every tier that runs on a CPU machine: unit, spark, dag integrity, e2e (dag.test), integration, reliability,
-# browser (the Airflow UI in Chromium; browser-deps installs its tools). Two lanes side by side (tests/conftest.py):
+# browser (the Airflow UI in Chromium; browser-deps installs its tools), and the NVTabular engine's tests (nvt-env
+# builds its environment once; the stamp keeps it between runs). Two lanes side by side (tests/conftest.py):
 # the integration and browser tests, which mostly wait on the services they start, next to everything else.
 # TEST_LANES= runs one lane.
 TEST_LANES ?= -n 2 --dist loadgroup
-test: venv browser-deps
+test: venv browser-deps nvt-env
 	$(AIRFLOW_ENV) && $(PY) -m pytest -m "not gpu" $(TEST_LANES) $(PYTEST_ARGS)
 
 test-fast: venv
@@ -59,11 +60,14 @@ $(NODE_STAMP): package.json package-lock.json
 	@touch $@
 
 # Benchmarks (quick mode < 10 min; BENCH_ARGS=--full for bigger runs): bench/results/*.json + docs/PERFORMANCE.md
-bench: venv airflow-init
+bench: venv airflow-init nvt-env
 	$(AIRFLOW_ENV) && $(PY) -m bench.run $(BENCH_ARGS)
 
-demo: venv airflow-init
-	$(AIRFLOW_ENV) && $(PY) scripts/demo.py $(DEMO_ARGS)
+# ENGINE=nvtabular (or arrow) runs the pipelines' preprocessing with that engine (make demo ENGINE=nvtabular builds
+# NVTabular's environment first).
+ENGINE ?=
+demo: venv airflow-init $(if $(filter nvtabular,$(ENGINE)),nvt-env)
+	$(AIRFLOW_ENV) && $(PY) scripts/demo.py $(if $(ENGINE),--engine $(ENGINE)) $(DEMO_ARGS)
 
 airflow-init: venv
 	$(AIRFLOW_ENV) && bash scripts/airflow_init.sh

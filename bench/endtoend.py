@@ -5,9 +5,10 @@ One run = `python -m tasks criteo ingest --days 0-2 --jobs <cores>` (download + 
 one day per core at a time) then
 `python -m tasks criteo preprocess --train-days 0-1 --test-day 2 --engine E` (dictionary + transform + dataset
 validation) into a fresh data root, once per preprocessing engine (spark: the spark-submit jobs; arrow: the
-single-machine engine, tasks/criteo/preprocess_arrow.py), in alternating order, over the same ingested days: issue
+single-machine engine, tasks/criteo/preprocess_arrow.py; nvtabular: NVIDIA's NVTabular workflow on CPU in
+.venv-nvtabular, nvt_jobs/criteo.py), in rotating order, over the same ingested days: issue
 #17's "end to end", from raw TSV to a validated split-binary dataset, is the ingest plus one engine's preprocess.
-The two engines' datasets must be byte-identical (checked here; the run fails otherwise). The "retrain-only" figure
+The engines' datasets must be byte-identical (checked here; the run fails otherwise). The "retrain-only" figure
 is the dictionary + transform steps inside the preprocess command (timed by the CLI's --json report): the work a
 scheduled retrain does over days already ingested. Rows/s counts every raw row
 of the three days, on both figures, so they compare with the floor's rows/s: pyarrow.csv.read_csv of the same three
@@ -38,7 +39,7 @@ TRAIN_DAYS, TEST_DAY = (0, 1), 2
 DAY_ROWS = {"quick": 1_000_000, "full": 1_000_000}
 TARGET_END_TO_END = 0.10
 TARGET_RETRAIN = 0.25
-ENGINES = ("spark", "arrow")
+ENGINES = ("spark", "arrow", "nvtabular")
 # Days ingested at once: one per core, as the floor parses with every core (a user backfilling on one machine does
 # the same with --jobs; the DAG runs days as concurrent runs).
 INGEST_JOBS = os.cpu_count() or 1
@@ -136,7 +137,7 @@ def run_once(source_dir: Path, rows_per_day: int, index: int, work_dir: Path) ->
     ingest, ingest_s, ingest_json = _cli(["criteo", "ingest", "--days", days, "--jobs", str(INGEST_JOBS)], env,
                                          logs / f"e2e-ingest-{index}.log", root / "ingest.json")
     runs, digests = [], {}
-    for engine in ENGINES[index % 2:] + ENGINES[:index % 2]:
+    for engine in ENGINES[index % len(ENGINES):] + ENGINES[:index % len(ENGINES)]:
         out = root / f"out-{engine}"
         preprocess, preprocess_s, preprocess_json = _cli(
             ["criteo", "preprocess", "--train-days", train, "--test-day", str(TEST_DAY), "--engine", engine,

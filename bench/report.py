@@ -56,11 +56,11 @@ of fixed start-up on 2 cores; full mode repeats both (`--spark-repeats` override
    whole process tree (the Airflow `dag.test` process or the preprocessing driver, spark-submit's JVM and its
    Python workers), method below.
 7. **end to end** (section 2 "end to end"): raw TSV to a validated split-binary dataset through the command line
-   (`bench/endtoend.py`): `python -m tasks criteo ingest --days 0-2 --jobs <cores>` then `criteo preprocess --train-days 0-1
-   --test-day 2 --engine E` once per engine (spark: the spark-submit jobs; arrow: the single-machine engine) over
-   the same ingested days, three days of 1,000,000 rows (issue #17's measurement), wall time of the commands
+   (`bench/endtoend.py`): `python -m tasks criteo ingest --days 0-2 --jobs <cores>` then `criteo preprocess
+   --train-days 0-1 --test-day 2 --engine E` once per engine (spark: the spark-submit jobs; arrow: the single-machine
+   engine; nvtabular: NVIDIA's NVTabular workflow on CPU) over the same ingested days, three days of 1,000,000 rows (issue #17's measurement), wall time of the commands
    (process start, imports and JVM starts included); retrain-only = the dictionary + transform steps inside it. The
-   two engines' datasets are checked byte-identical. Floor: pyarrow read_csv of the same three files, before and
+   engines' datasets are checked byte-identical. Floor: pyarrow read_csv of the same three files, before and
    after.
 8. **Spark on a cluster** (section 7): `bench/cluster.py`: the three Criteo Spark jobs on tiny days (their time is
    their fixed cost) on `local[*]`, on a standalone master + worker on 127.0.0.1 with the same conf, and with the

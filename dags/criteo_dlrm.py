@@ -12,6 +12,11 @@ through its own dictionary; a failed gate skips publishing) → `publish` (a sel
 dictionary, preprocessing, FeatureSpec, export; `latest` moved last). `python -m tasks.criteo.predict` scores raw
 rows with any published version.
 
+Preprocessing engine (`engine`): `spark` (the default; CPU, or GPU through the RAPIDS Accelerator with the gpu Spark
+profile), `arrow` (the same jobs on one machine without a JVM) or `nvtabular` (NVIDIA's NVTabular workflow for DLRM,
+run in NVTabular's own environment, on the GPU where the worker has one). All three write the same dataset and
+dictionary (docs/nvtabular.md); an nvtabular model also publishes its fitted workflow.
+
 Configuration: a `profile` (`full`: NVIDIA's recipe, the default of scheduled runs; `demo`: one CPU machine) gives
 every knob a value; a knob param left empty takes the profile's. Schedule: retrains when `criteo_ingest` emits a
 `criteo_day_stats` asset event (new data landed) and on a cron (`RECFLOW_RETRAIN_CRON`, default Mondays 06:00
@@ -28,8 +33,9 @@ from airflow.sdk import CronTriggerTimetable, Param, dag, task
 
 from tasks.core.config import load_settings
 from tasks.criteo.profiles import KNOBS, PROFILES
-from tasks.dagkit import (DEFAULT_ARGS, SPARK_TASK, TRAIN_TASK, device_param, knob_params, profile_param,
-                          release_params, spark_master)
+from tasks.criteo.preprocess import ENGINE_ENV, PREPROCESS_ENGINES
+from tasks.dagkit import (DEFAULT_ARGS, SPARK_TASK, TRAIN_TASK, device_param, engine_param, knob_params,
+                          profile_param, release_params, spark_master)
 from tasks.release.steps import failure_callback
 
 
@@ -64,6 +70,10 @@ record_failure = failure_callback("criteo_dlrm")
                            description="pytorch: models.dlrm (torchrun, nproc processes); tensorflow: models.dlrm_tf "
                                        "(nproc TensorFlow workers, MultiWorkerMirroredStrategy). Same dataset, "
                                        "knobs and test rows."),
+        "engine": engine_param(PREPROCESS_ENGINES, ENGINE_ENV,
+                               "spark: the Spark jobs (CPU, or GPU with the gpu Spark profile); arrow: the same "
+                               "output on one machine without a JVM; nvtabular: NVIDIA's NVTabular workflow in its "
+                               "own environment (GPU when the worker has one). All three write the same dataset."),
         **knob_params(KNOBS, PROFILES),
         **release_params("criteo_dlrm"),
     },
@@ -87,7 +97,8 @@ def criteo_dlrm():
         return build(settings, run_paths(settings, context["run_id"]).dictionary, run["train_days"],
                      run["test_day"], frequency_threshold=knobs["frequency_threshold"],
                      threshold_overrides=parse_threshold_overrides(knobs["threshold_overrides"]),
-                     dictionary_days=knobs["dictionary_days"], spark_master=spark_master())
+                     dictionary_days=knobs["dictionary_days"], spark_master=spark_master(),
+                     engine=run.get("engine"))
 
     @task(**SPARK_TASK)
     def transform(run: dict, dictionary: dict, **context) -> dict:
@@ -97,7 +108,7 @@ def criteo_dlrm():
         settings = load_settings()
         paths = run_paths(settings, context["run_id"])
         return transform_dataset(settings, paths.dataset, paths.dictionary, run["train_days"], run["test_day"],
-                                 seed=run["knobs"]["seed"], spark_master=spark_master())
+                                 seed=run["knobs"]["seed"], spark_master=spark_master(), engine=run.get("engine"))
 
     @task
     def validate_dataset(dataset: dict, **context) -> dict:

@@ -23,6 +23,9 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, dict]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pipeline", action="append", choices=sorted(PIPELINES),
                         help="run only this pipeline (repeatable; default: all)")
+    parser.add_argument("--engine", choices=("spark", "arrow", "nvtabular"), default=None,
+                        help="preprocessing engine of the pipelines that offer one (criteo_dlrm: spark|arrow|"
+                             "nvtabular, outbrain_wide_deep: spark|nvtabular); default: each pipeline's setting")
     modules = {name: importlib.import_module(module) for name, module in PIPELINES.items()}
     for module in modules.values():
         module.add_arguments(parser)

@@ -6,7 +6,7 @@
              ingest      --day 3 | --days 0-23 [--jobs N]
                                                    download_day -> validate_day -> day_stats, day by day
                                                    (N days at once, each in its own process)
-             preprocess  --train-days 0-1 --test-day 2 [--out DIR | --run-id ID] [--engine spark|arrow]
+             preprocess  --train-days 0-1 --test-day 2 [--out DIR | --run-id ID] [--engine spark|arrow|nvtabular]
                                                    resolve_run -> build_dictionary -> transform_dataset ->
                                                    validate_dataset, into DIR/dictionary and DIR/dataset
   movielens  demo-data | ingest [--dataset ml-1m] | preprocess [--dataset ml-1m]
@@ -343,9 +343,10 @@ def add_criteo_commands(pipelines: argparse._SubParsersAction) -> None:
     p.add_argument("--threshold-overrides", default=None, help="per-column thresholds, e.g. cat_3:2,cat_7:0")
     p.add_argument("--dictionary-days", choices=("train", "all"), default=None)
     p.add_argument("--seed", type=non_negative, default=None, help="seed of the train rows' shuffle")
-    p.add_argument("--engine", choices=("spark", "arrow"), default=None,
+    p.add_argument("--engine", choices=("spark", "arrow", "nvtabular"), default=None,
                    help="who builds the dictionary and the dataset (default: RECFLOW_CRITEO_PREPROCESS_ENGINE, else "
-                        "spark; arrow: pyarrow + numpy in this process, same output)")
+                        "spark; arrow: pyarrow + numpy in this process; nvtabular: NVIDIA's NVTabular workflow in "
+                        ".venv-nvtabular, `make nvt-env`; same output)")
     _spark_options(p)
 
 

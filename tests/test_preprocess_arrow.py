@@ -1,8 +1,10 @@
-"""The single-machine Arrow engine (tasks/criteo/preprocess_arrow.py) against the Spark jobs it replaces.
+"""The single-machine Arrow engine (tasks/criteo/preprocess_arrow.py) and the NVTabular engine (nvt_jobs/criteo.py)
+against the Spark jobs.
 
 One tiny window (synthetic days 0, 1 train and 2 test, ingested by validate_day with the arrow day-stats engine, in
 several row groups) is turned into a dictionary and a dataset once by each engine (the Spark jobs in-process, on the
-session's local[2] SparkSession) and the outputs are compared: dictionary rows, json bytes, split-binary bytes.
+session's local[2] SparkSession; NVTabular in its own environment) and the outputs are compared: dictionary rows,
+json bytes, split-binary bytes.
 """
 
 from __future__ import annotations
@@ -22,9 +24,9 @@ from spark_jobs.criteo import dictionary as spark_dictionary, transform as spark
 from tasks import cli
 from tasks.core.config import Settings
 from tasks.core.storage import read_manifest
-from tasks.criteo import ingest, layout, preprocess, preprocess_arrow
+from tasks.criteo import layout, preprocess, preprocess_arrow
 from tasks.criteo.schema import CAT_COLUMNS
-from tasks.criteo.synthetic import write_criteo_day
+from tests.criteo_window import ingest_synthetic_days
 
 DAY_ROWS = {0: 3000, 1: 2500, 2: 2001}
 SEED = 7
@@ -49,12 +51,7 @@ def logging_kept():
 def window(tmp_path_factory) -> Path:
     """A data root with the three days validated (arrow engine: the stats are written in validation's pass)."""
     root = tmp_path_factory.mktemp("arrow_window")
-    settings = Settings(data_root=root, bad_row_budget=0.01, validation_block_bytes=1 << 17)
-    for day, rows in DAY_ROWS.items():
-        raw = layout.raw_day(root, day)
-        raw.parent.mkdir(parents=True, exist_ok=True)
-        write_criteo_day(raw, day, rows, seed=11)
-        ingest.validate_day(settings, day, engine="arrow")
+    ingest_synthetic_days(root, DAY_ROWS)
     return root
 
 
@@ -289,3 +286,114 @@ def test_task_functions_and_cli_choose_the_engine(window, by_arrow, tmp_path, mo
     assert steps["validate_dataset"]["rows"] == {"train": 5500, "test": 1000, "validation": 1001}
     assert dataset_bytes(tmp_path / "run" / "dataset") == dataset_bytes(by_arrow["dataset"])
     shutil.rmtree(tmp_path / "run")
+
+
+# ---- the nvtabular engine: NVIDIA's NVTabular workflow, in NVTabular's own environment -----------------------------
+
+@pytest.fixture(scope="module")
+def by_nvtabular(window) -> dict:
+    """Dictionary + dataset through the task functions with engine nvtabular: the workflow is fitted and applied by
+    nvt_jobs/criteo.py in .venv-nvtabular (CPU here; `make test` builds it with `make nvt-env` first). Fails, not
+    skips, when that environment is missing."""
+    settings = Settings(data_root=window)
+    out = {"dictionary": window / "nvt" / "dictionary", "dataset": window / "nvt" / "dataset"}
+    out["built"] = preprocess.build_dictionary(settings, out["dictionary"], [0, 1], 2, frequency_threshold=THRESHOLD,
+                                               engine="nvtabular")
+    out["written"] = preprocess.transform_dataset(settings, out["dataset"], out["dictionary"], [0, 1], 2, seed=SEED,
+                                                  engine="nvtabular")
+    return out
+
+
+def test_nvtabular_dictionary_equals_the_other_engines(by_arrow, by_nvtabular):
+    rows, schema = dictionary_rows(by_nvtabular["dictionary"])
+    assert (rows, schema) == dictionary_rows(by_arrow["dictionary"])
+    for name in ("cardinalities.json", "model_size.json"):
+        assert (by_nvtabular["dictionary"] / name).read_bytes() == (by_arrow["dictionary"] / name).read_bytes()
+    # Equal counts, where Categorify's own order is unspecified, are many in this window: the tie rule is exercised.
+    counts = {}
+    for column, _, _, count in rows:
+        counts[(column, count)] = counts.get((column, count), 0) + 1
+    assert sum(n for n in counts.values() if n > 1) > len(rows) // 2
+    manifest = read_manifest(by_nvtabular["dictionary"])["extra"]
+    assert manifest["engine"] == by_nvtabular["built"]["engine"] == "nvtabular"
+    kept = {name: s["kept"] for name, s in read_manifest(by_arrow["dictionary"])["extra"]["summary"].items()}
+    assert {name: s["kept"] for name, s in manifest["summary"].items()} == kept
+    assert (by_nvtabular["dictionary"] / manifest["workflow"] / "workflow.pkl").is_file()
+
+
+def test_nvtabular_dataset_is_byte_identical_to_the_other_engines(by_arrow, by_nvtabular):
+    assert dataset_bytes(by_nvtabular["dataset"]) == dataset_bytes(by_arrow["dataset"])
+    assert read_manifest(by_nvtabular["dataset"])["extra"]["engine"] == by_nvtabular["written"]["engine"] == "nvtabular"
+    encoded = by_nvtabular["dataset"].with_name(by_nvtabular["dataset"].name + ".nvt-encoded")
+    assert not encoded.exists()  # the workflow's intermediate output goes once the dataset is complete
+
+
+def test_the_saved_workflow_encodes_rows_as_its_dictionary_does_wherever_it_is_copied(window, by_nvtabular,
+                                                                                     tmp_path):
+    """A published version carries nvt_workflow/: loaded from a copy, NVTabular's own transform of the raw test day
+    gives the ids the dictionary (which predict uses) gives, and log(x + 3) to float32 precision."""
+    from tasks.core.nvtabular import run_nvt_job
+
+    copied = tmp_path / "published" / "nvt_workflow"
+    shutil.copytree(by_nvtabular["dictionary"] / "nvt_workflow", copied)
+    test_day = stats(window, 2, "columnar")
+    run_nvt_job("nvt_jobs.criteo", ["transform", "--workflow", str(copied), "--inputs", test_day,
+                                    "--output", str(tmp_path / "encoded")])
+    encoded = pq.read_table(tmp_path / "encoded" / "0").sort_by("row_order")
+    raw = pq.read_table(test_day).sort_by("row_order")
+    assert encoded.column("row_order").equals(raw.column("row_order"))
+    assert encoded.column("label").to_pylist() == raw.column("label").to_pylist()
+    cardinalities = json.loads((by_nvtabular["dictionary"] / "cardinalities.json").read_text())
+    lookup = preprocess_arrow.DictionaryLookup(by_nvtabular["dictionary"], list(cardinalities.values()))
+    for index, name in enumerate(CAT_COLUMNS):
+        np.testing.assert_array_equal(encoded.column(name).to_numpy(),
+                                      lookup.ids(index, raw.column(name).combine_chunks()), err_msg=name)
+    for name in (f"int_{i}" for i in range(13)):
+        np.testing.assert_allclose(encoded.column(name).to_numpy(),
+                                   preprocess_arrow.log_numerical(raw.column(name).combine_chunks()), rtol=1e-6,
+                                   err_msg=name)
+
+
+def test_nvtabular_retries_refusals_and_failures(window, by_arrow, by_nvtabular, tmp_path, monkeypatch):
+    from tasks.core import nvtabular
+    from tasks.criteo.ingest import StepInputMissing
+
+    settings = Settings(data_root=window)
+
+    def no_nvtabular(*args, **kwargs):
+        raise AssertionError("NVTabular ran although the output was complete")
+
+    monkeypatch.setattr(nvtabular, "run_nvt_job", no_nvtabular)
+    again = preprocess.build_dictionary(settings, by_nvtabular["dictionary"], [0, 1], 2, frequency_threshold=THRESHOLD,
+                                        engine="nvtabular")
+    assert (again["cached"], again["fingerprint"]) == (True, by_nvtabular["built"]["fingerprint"])
+    # the engine is in nvtabular's cache key: an arrow dictionary in the same place is not taken for its output
+    assert again["fingerprint"] != read_manifest(by_arrow["dictionary"])["inputs_fingerprint"]
+    with pytest.raises(StepInputMissing, match="built by the arrow engine and holds no NVTabular workflow"):
+        preprocess.transform_dataset(settings, tmp_path / "dataset", by_arrow["dictionary"], [0, 1], 2,
+                                     engine="nvtabular")
+    monkeypatch.undo()
+
+    monkeypatch.setenv(nvtabular.PYTHON_ENV, str(tmp_path / "nowhere" / "python"))
+    with pytest.raises(nvtabular.NvtEnvironmentMissing, match="run `make nvt-env`"):
+        preprocess.build_dictionary(settings, tmp_path / "d", [0, 1], 2, engine="nvtabular")
+    monkeypatch.delenv(nvtabular.PYTHON_ENV)
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(nvtabular.NvtJobFailed, match=r"FileNotFoundError: .*empty: no parquet files"):
+        nvtabular.run_nvt_job("nvt_jobs.criteo", ["fit", "--days", str(tmp_path / "empty"), "--output",
+                                                  str(tmp_path / "d")])
+    assert not (tmp_path / "d").exists()
+
+
+@pytest.mark.gpu
+def test_nvtabular_on_the_gpu_writes_the_same_dataset(window, by_arrow, tmp_path, monkeypatch):
+    """On a GPU worker (RECFLOW_NVT_PYTHON: an environment with cudf / dask-cuda) the workflow runs on cudf."""
+    monkeypatch.setenv("RECFLOW_NVT_DEVICE", "gpu")
+    settings = Settings(data_root=window)
+    preprocess.build_dictionary(settings, tmp_path / "dictionary", [0, 1], 2, frequency_threshold=THRESHOLD,
+                                engine="nvtabular")
+    preprocess.transform_dataset(settings, tmp_path / "dataset", tmp_path / "dictionary", [0, 1], 2, seed=SEED,
+                                 engine="nvtabular")
+    assert read_manifest(tmp_path / "dictionary")["extra"]["device"] == "gpu"
+    assert dictionary_rows(tmp_path / "dictionary") == dictionary_rows(by_arrow["dictionary"])
+    assert dataset_bytes(tmp_path / "dataset") == dataset_bytes(by_arrow["dataset"])

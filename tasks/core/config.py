@@ -237,3 +237,13 @@ class DatasetSource:
         """The keyword arguments of tasks.core.download.check_source_allowed / download for this source."""
         return {"allowed_file_roots": self.allowed_file_roots(settings),
                 "allowed_prefixes": self.allowed_source_prefixes(settings)}
+
+
+def choose_engine(engine: str | None, env_var: str, engines: tuple[str, ...], default: str = "spark") -> str:
+    """A pipeline's preprocessing engine: the one given, else the deployment's env_var, else `default`; a bad one is
+    a ValueError naming where it came from."""
+    chosen = engine or os.environ.get(env_var) or default
+    if chosen not in engines:
+        where = "engine" if engine else env_var
+        raise ValueError(f"{where} {chosen!r}: expected one of {', '.join(engines)}")
+    return chosen

@@ -50,7 +50,8 @@ def run_demo(args: argparse.Namespace) -> bool:
     ingest_ok = all(state == "success" for _, state, *_ in summary) and len(summary) == args.days
     training = None
     if ingest_ok and not args.ingest_only and args.days >= 2:
-        conf = {"profile": "demo", "train_days": f"0-{args.days - 2}", "test_day": args.days - 1, **args.dlrm_conf}
+        conf = {"profile": "demo", "train_days": f"0-{args.days - 2}", "test_day": args.days - 1,
+                **({"engine": args.engine} if getattr(args, "engine", None) else {}), **args.dlrm_conf}
         training = run_dag("criteo_dlrm", None, conf)
     total = time.monotonic() - start
 

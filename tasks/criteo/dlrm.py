@@ -86,6 +86,7 @@ def resolve_run(settings: Settings, params: dict[str, Any], run_type: str = "man
     deployment's RECFLOW_TRAIN_DEVICE / RECFLOW_TRAIN_NPROC). Returned to XCom so every later step uses the same."""
     from tasks.core.profiles import resolve_knobs
     from tasks.criteo.profiles import KNOBS, PROFILES
+    from tasks.criteo.preprocess import preprocess_engine
     from tasks.criteo.retrain import plan_run
 
     profile = params.get("profile") or settings.profile
@@ -100,10 +101,11 @@ def resolve_run(settings: Settings, params: dict[str, Any], run_type: str = "man
     framework = params.get("framework") or "pytorch"
     if framework not in FRAMEWORKS:
         raise ValueError(f"framework must be one of {sorted(FRAMEWORKS)}, got {framework!r}")
-    log.info("profile %s, %s on %s x %d: %s", profile, framework, device, nproc,
+    engine = preprocess_engine(params.get("engine"))  # the param, else the deployment's setting, else spark
+    log.info("profile %s, preprocessing by %s, %s on %s x %d: %s", profile, engine, framework, device, nproc,
              ", ".join(f"{k}={v}" for k, v in knobs.items()))
     return {**window, "why": why, "profile": profile, "knobs": knobs, "nproc": nproc, "device": device,
-            "framework": framework}
+            "framework": framework, "engine": engine}
 
 
 def framework_of(run: dict[str, Any]) -> str:
@@ -197,7 +199,8 @@ def export(settings: Settings, run_id: str, run: dict[str, Any]) -> dict[str, An
     knobs = run["knobs"]
     dictionary_days = run["train_days"] + ([run["test_day"]] if knobs["dictionary_days"] == "all" else [])
     spec = preprocessing_spec(list(cardinalities.values()), knobs["frequency_threshold"],
-                              parse_threshold_overrides(knobs["threshold_overrides"] or ""), dictionary_days)
+                              parse_threshold_overrides(knobs["threshold_overrides"] or ""), dictionary_days,
+                              engine=(read_manifest(paths.dictionary) or {}).get("extra", {}).get("engine", "spark"))
     done = paths.export / "export.json"
     _, _, module, weights = FRAMEWORKS[framework_of(run)]
     model = paths.train / weights[0]
@@ -296,6 +299,10 @@ def publishable_files(settings: Settings, run_id: str, framework: str = "pytorch
     }
     values = sorted((paths.dictionary / DICTIONARY).glob("*.parquet"))
     files |= {f"{DICTIONARY_PREFIX}{path.name}": path for path in values}
+    # the nvtabular engine's fitted workflow (nvt_jobs/criteo.py), which the dictionary was read from
+    workflow = paths.dictionary / "nvt_workflow"
+    files |= {f"dictionary/nvt_workflow/{path.relative_to(workflow).as_posix()}": path
+              for path in sorted(workflow.rglob("*")) if path.is_file()}
     files |= {f"triton/{path.relative_to(paths.export).as_posix()}": path
               for path in sorted(paths.export.rglob("*"))
               if path.is_file() and path.name not in ("export.json", PREPROCESSING_FILE)}

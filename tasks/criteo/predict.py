@@ -43,9 +43,13 @@ SCORE_BATCH_ROWS = 65536
 
 
 def preprocessing_spec(cardinalities: list[int], frequency_threshold: int, threshold_overrides: dict[str, int],
-                       dictionary_days: list[int]) -> dict[str, Any]:
-    """preprocessing.json: how raw Criteo rows became the model's inputs (published with the model)."""
+                       dictionary_days: list[int], engine: str = "spark") -> dict[str, Any]:
+    """preprocessing.json: how raw Criteo rows became the model's inputs (published with the model). Every engine
+    gives the same ids and values (docs/nvtabular.md); an nvtabular model also carries its fitted NVTabular
+    workflow, from which its dictionary was read."""
     return {
+        "engine": engine,
+        **({"nvtabular_workflow": "dictionary/nvt_workflow/"} if engine == "nvtabular" else {}),
         "format": "criteo_tsv", "columns": {"label": LABEL, "numerical": list(INT_COLUMNS),
                                             "categorical": list(CAT_COLUMNS)},
         "numerical": {"transform": "log(x + 3)", "missing_or_nonpositive": 0.0, "stored_as": "float16"},

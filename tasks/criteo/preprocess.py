@@ -10,23 +10,25 @@ days 0-23, the test day included, which leaks the test day's vocabulary into tra
 test day gets an embedding row (never trained) instead of 0. `dictionary_days="all"` reproduces NVIDIA exactly.
 
 Engine (`engine=`, else RECFLOW_CRITEO_PREPROCESS_ENGINE, else spark): `spark` spark-submits the jobs in spark_jobs/
-criteo/; `arrow` runs tasks.criteo.preprocess_arrow in this process with the same arguments (one machine, no JVM).
-Both write the same output, so the cache key does not name the engine; the result (and the arrow manifest's
-extra.engine) says which one ran.
+criteo/; `arrow` runs tasks.criteo.preprocess_arrow in this process with the same arguments (one machine, no JVM);
+`nvtabular` fits and applies NVIDIA's NVTabular workflow for DLRM (nvt_jobs/criteo.py) in NVTabular's own
+environment (tasks.core.nvtabular), then orders, splits and writes its output with preprocess_arrow. Spark and arrow
+write the same output, so their cache key does not name the engine; nvtabular's dictionary also holds the fitted
+workflow (nvt_workflow/), so its key does. The result (and the manifest's extra.engine) says which one ran. How the
+engines' ids agree: docs/nvtabular.md.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import os
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from tasks.criteo import layout
-from tasks.core.config import Settings
+from tasks.core.config import Settings, choose_engine
 from tasks.core.spark_submit import GPU_PROFILES
 from tasks.criteo.ingest import StepInputMissing
 from tasks.criteo.schema import CAT_COLUMNS
@@ -42,7 +44,7 @@ DICTIONARY_VERSION = 1
 TRANSFORM_VERSION = 2
 DICTIONARY_DAYS = ("train", "all")
 DEFAULT_SEED = 12345
-PREPROCESS_ENGINES = ("spark", "arrow")
+PREPROCESS_ENGINES = ("spark", "arrow", "nvtabular")
 ENGINE_ENV = "RECFLOW_CRITEO_PREPROCESS_ENGINE"
 
 
@@ -88,11 +90,15 @@ def _check_overrides(overrides: Mapping[str, int] | None) -> dict[str, int]:
 def preprocess_engine(engine: str | None) -> str:
     """The engine given, else RECFLOW_CRITEO_PREPROCESS_ENGINE, else spark; a bad one is a ValueError naming its
     origin."""
-    chosen = engine or os.environ.get(ENGINE_ENV) or "spark"
-    if chosen not in PREPROCESS_ENGINES:
-        where = "engine" if engine else ENGINE_ENV
-        raise ValueError(f"{where} {chosen!r}: expected one of {', '.join(PREPROCESS_ENGINES)}")
-    return chosen
+    return choose_engine(engine, ENGINE_ENV, PREPROCESS_ENGINES)
+
+
+def _written_manifest(out_dir: Path, inputs: dict[str, Any], what: str) -> dict[str, Any]:
+    """The manifest a finished job wrote in out_dir for exactly these inputs; RuntimeError when there is none."""
+    manifest = read_manifest(out_dir)
+    if manifest is None or manifest.get("inputs_fingerprint") != fingerprint(inputs):
+        raise RuntimeError(f"{what} finished but wrote no manifest for these inputs in {out_dir}")
+    return manifest
 
 
 def _run_arrow(job: str, args: list[str], out_dir: Path, inputs: dict[str, Any]) -> dict[str, Any]:
@@ -102,11 +108,17 @@ def _run_arrow(job: str, args: list[str], out_dir: Path, inputs: dict[str, Any])
     started = time.monotonic()
     main = {"dictionary": preprocess_arrow.dictionary_main, "transform": preprocess_arrow.transform_main}[job]
     main([*args, "--output", str(out_dir), "--inputs-json", json.dumps(inputs)])
-    manifest = read_manifest(out_dir)
-    if manifest is None or manifest.get("inputs_fingerprint") != fingerprint(inputs):
-        raise RuntimeError(f"arrow {job} finished but wrote no manifest for these inputs in {out_dir}")
     log.info("arrow %s finished in %.1f s", job, time.monotonic() - started)
-    return manifest
+    return _written_manifest(out_dir, inputs, f"arrow {job}")
+
+
+def _run_nvt(job: str, args: list[str], out_dir: Path, inputs: dict[str, Any]) -> dict[str, Any]:
+    """nvt_jobs/criteo.py's `job` in NVTabular's environment; the manifest it wrote for exactly these inputs."""
+    from tasks.core.nvtabular import run_nvt_job
+
+    run_nvt_job("nvt_jobs.criteo", [job, *args, "--output", str(out_dir), "--inputs-json", json.dumps(inputs)],
+                label=f"nvtabular {job}")
+    return _written_manifest(out_dir, inputs, f"nvtabular {job}")
 
 
 def _engine_of(manifest: dict[str, Any]) -> str:
@@ -122,11 +134,8 @@ def _submit(job: str, args: list[str], out_dir: Path, inputs: dict[str, Any], la
     submit = SparkSubmit(job, [*args, "--output", str(out_dir), "--inputs-json", json.dumps(inputs)],
                          master=spark_master, profile=profile, conf_overrides=dict(spark_conf or {}))
     run_spark_job(submit, label=label)
-    manifest = read_manifest(out_dir)
-    if manifest is None or manifest.get("inputs_fingerprint") != fingerprint(inputs):
-        raise RuntimeError(f"{job} finished but wrote no manifest for these inputs in {out_dir}")
     log.info("%s finished in %.1f s", job, time.monotonic() - started)
-    return manifest
+    return _written_manifest(out_dir, inputs, job)
 
 
 def build_dictionary(settings: Settings, out_dir: Path, train_days: Sequence[int], test_day: int,
@@ -137,7 +146,8 @@ def build_dictionary(settings: Settings, out_dir: Path, train_days: Sequence[int
 
     dictionary_days: "train" (default) sums the train days' counts; "all" adds the test day, as NVIDIA does.
     threshold_overrides: per-column thresholds, e.g. {"cat_3": 2}; 0 keeps every value.
-    engine: spark | arrow (None: RECFLOW_CRITEO_PREPROCESS_ENGINE, else spark); not part of the cache key.
+    engine: spark | arrow | nvtabular (None: RECFLOW_CRITEO_PREPROCESS_ENGINE, else spark); part of the cache key
+    only for nvtabular (its output also holds the fitted workflow).
     """
     engine = preprocess_engine(engine)
     days = _check_days(train_days, test_day)
@@ -150,15 +160,21 @@ def build_dictionary(settings: Settings, out_dir: Path, train_days: Sequence[int
     inputs = {"version": DICTIONARY_VERSION, "days": _stats_fingerprints(settings, window),
               "frequency_threshold": frequency_threshold, "threshold_overrides": overrides,
               "dictionary_days": dictionary_days}
+    if engine == "nvtabular":
+        inputs["engine"] = engine
     out_dir = Path(out_dir)
     manifest = completed_manifest(out_dir, inputs)
     cached = manifest is not None
     if manifest is None:
-        counts = [str(layout.stats_day(settings.data_root, day) / "counts") for day in window]
-        args = ["--counts", *counts, "--frequency-threshold", str(frequency_threshold)]
+        thresholds = ["--frequency-threshold", str(frequency_threshold)]
         if overrides:
-            args += ["--threshold-overrides", ",".join(f"{name}:{value}" for name, value in overrides.items())]
-        if engine == "arrow":
+            thresholds += ["--threshold-overrides", ",".join(f"{name}:{value}" for name, value in overrides.items())]
+        args = ["--counts", *(str(layout.stats_day(settings.data_root, day) / "counts") for day in window),
+                *thresholds]
+        if engine == "nvtabular":  # the workflow is fitted on the window's rows (NVIDIA's update_stats)
+            manifest = _run_nvt("fit", ["--days", *(str(layout.stats_day(settings.data_root, day) / "columnar")
+                                                    for day in window), *thresholds], out_dir, inputs)
+        elif engine == "arrow":
             manifest = _run_arrow("dictionary", args, out_dir, inputs)
         else:
             manifest = _submit("criteo/dictionary.py", args, out_dir, inputs, f"spark dictionary days={window}",
@@ -171,6 +187,33 @@ def build_dictionary(settings: Settings, out_dir: Path, train_days: Sequence[int
             "fingerprint": manifest["inputs_fingerprint"], "cached": cached, "engine": _engine_of(manifest)}
 
 
+def _transform_nvt(days: list[str], options: list[str], dictionary_dir: Path, out_dir: Path,
+                   inputs: dict[str, Any]) -> dict[str, Any]:
+    """The fitted workflow applied to every day in NVTabular's environment (into `<out_dir>.nvt-encoded`, kept until
+    the dataset is complete so a retry does not encode again), then ordered, split and written by preprocess_arrow
+    exactly as for its own engine."""
+    import shutil
+
+    from tasks.criteo import preprocess_arrow
+
+    encoded = out_dir.with_name(out_dir.name + ".nvt-encoded")
+    encode_inputs = {"workflow": inputs["dictionary"], "days": inputs["train_days"] | inputs["test_day"]}
+    if completed_manifest(encoded, encode_inputs) is None:
+        workflow = dictionary_dir / (read_manifest(dictionary_dir) or {}).get("extra", {}).get("workflow",
+                                                                                                "nvt_workflow")
+        _run_nvt("transform", ["--workflow", str(workflow), "--inputs", *days], encoded, encode_inputs)
+    else:
+        log.info("days already encoded by the workflow (%s): ordering and writing only", encoded)
+    parts = [str(encoded / str(i)) for i in range(len(days))]
+    started = time.monotonic()
+    preprocess_arrow.transform_main(["--train-days", *parts[:-1], "--test-day", parts[-1], *options, "--output",
+                                     str(out_dir), "--inputs-json", json.dumps(inputs)], encoded_by="nvtabular")
+    manifest = _written_manifest(out_dir, inputs, "nvtabular transform")
+    shutil.rmtree(encoded, ignore_errors=True)
+    log.info("nvtabular dataset ordered and written in %.1f s", time.monotonic() - started)
+    return manifest
+
+
 def transform_dataset(settings: Settings, out_dir: Path, dictionary_dir: Path, train_days: Sequence[int],
                       test_day: int, seed: int = DEFAULT_SEED, broadcast_max_values: int = 1_000_000,
                       skew_cutoff_pct: float = 1.0, spark_master: str = "local[*]", spark_profile: str | None = None,
@@ -179,7 +222,8 @@ def transform_dataset(settings: Settings, out_dir: Path, dictionary_dir: Path, t
 
     broadcast_max_values and skew_cutoff_pct choose join strategies only (as does the profile: the GPU profile joins
     per column, CPU profiles look up in one Arrow pass); they do not change the output, so they are not part of the
-    cache key. engine: spark | arrow (None: RECFLOW_CRITEO_PREPROCESS_ENGINE, else spark); not part of the key either.
+    cache key. engine: spark | arrow | nvtabular (None: RECFLOW_CRITEO_PREPROCESS_ENGINE, else spark); nvtabular needs a
+    dictionary built by nvtabular (its workflow encodes the days) and is part of the key.
     """
     engine = preprocess_engine(engine)
     days = _check_days(train_days, test_day)
@@ -191,6 +235,11 @@ def transform_dataset(settings: Settings, out_dir: Path, dictionary_dir: Path, t
     inputs = {"version": TRANSFORM_VERSION, "dictionary": dictionary["inputs_fingerprint"],
               "train_days": {str(d): stats[str(d)] for d in days}, "test_day": {str(test_day): stats[str(test_day)]},
               "seed": seed}
+    if engine == "nvtabular":
+        inputs["engine"] = engine
+        if _engine_of(dictionary) != "nvtabular":
+            raise StepInputMissing(f"the dictionary in {dictionary_dir} was built by the {_engine_of(dictionary)} "
+                                   "engine and holds no NVTabular workflow: build it with engine nvtabular")
     window = dictionary.get("inputs", {}).get("days", {})
     if window and not set(map(str, days)) <= set(window):
         log.warning("dictionary %s was built over days %s, which do not cover the train days %s", dictionary_dir,
@@ -206,11 +255,14 @@ def transform_dataset(settings: Settings, out_dir: Path, dictionary_dir: Path, t
         # The RAPIDS Accelerator runs NVIDIA's join per column on the GPU (gpu-explain explains that plan); CPU
         # profiles look up in one Arrow pass.
         lookup = "join" if profile in GPU_PROFILES else "arrow"
-        args = ["--train-days", *map(columnar, days), "--test-day", columnar(test_day),
-                "--dictionary", str(dictionary_dir), "--seed", str(seed),
-                "--broadcast-max-values", str(broadcast_max_values), "--skew-cutoff-pct", str(skew_cutoff_pct),
-                "--dictionary-lookup", lookup]
-        if engine == "arrow":
+        options = ["--dictionary", str(dictionary_dir), "--seed", str(seed),
+                   "--broadcast-max-values", str(broadcast_max_values), "--skew-cutoff-pct", str(skew_cutoff_pct),
+                   "--dictionary-lookup", lookup]
+        args = ["--train-days", *map(columnar, days), "--test-day", columnar(test_day), *options]
+        if engine == "nvtabular":
+            manifest = _transform_nvt([*map(columnar, days), columnar(test_day)], options, dictionary_dir, out_dir,
+                                      inputs)
+        elif engine == "arrow":
             manifest = _run_arrow("transform", args, out_dir, inputs)
         else:
             manifest = _submit("criteo/transform.py", args, out_dir, inputs,

@@ -375,6 +375,7 @@ class BucketJob:
     bucket_bits: int      # train: 2**bits buckets by the key's top bits
     test_buckets: int     # test day: buckets by row_order range
     split: int            # test day: first row_order of validation
+    encoded: bool = False  # the days are already encoded (the nvtabular engine's output): no lookup, no log
 
 
 _LOOKUPS: dict[str, DictionaryLookup] = {}  # per process: run token -> the run's dictionary lookup
@@ -390,7 +391,7 @@ def bucket_of(job: BucketJob, keys: np.ndarray) -> np.ndarray:
     return (unsigned >> np.uint64(64 - job.bucket_bits)).astype(np.int64)
 
 
-def transform_batch(batch: pa.RecordBatch, lookup: DictionaryLookup, job: BucketJob,
+def transform_batch(batch: pa.RecordBatch, lookup: DictionaryLookup | None, job: BucketJob,
                     dtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:
     """One parquet batch as packed records grouped by bucket (ascending), and the bucket of each record.
 
@@ -408,6 +409,12 @@ def transform_batch(batch: pa.RecordBatch, lookup: DictionaryLookup, job: Bucket
     records = np.empty(batch.num_rows, dtype=dtype)
     records["key"], records["source"], records["row_order"] = ordered(keys), job.day.source, ordered(row_order)
     records[LABEL] = ordered(batch.column(LABEL).to_numpy(zero_copy_only=False))
+    if lookup is None:  # encoded upstream (the nvtabular engine): float numericals and ids as they are
+        records["numerical"] = ordered(np.column_stack([batch.column(name).to_numpy(zero_copy_only=False)
+                                                        for name in INT_COLUMNS]))
+        for name in CAT_COLUMNS:
+            records[name] = ordered(batch.column(name).to_numpy(zero_copy_only=False))
+        return records, ordered(buckets)
     records["numerical"] = ordered(np.column_stack([log_numerical(batch.column(name)) for name in INT_COLUMNS]))
     for index, name in enumerate(CAT_COLUMNS):
         records[name] = ordered(lookup.ids(index, batch.column(name)))
@@ -430,13 +437,13 @@ def bucket_files(spill: Path) -> dict[tuple[str, int], list[Path]]:
 
 def run_bucket_job(job: BucketJob) -> int:
     """Pass 1 for one piece: its rows transformed and appended to bucket files; returns the rows."""
-    lookup = _LOOKUPS.get(job.token)
-    if lookup is None:
+    lookup = None if job.encoded else _LOOKUPS.get(job.token)
+    if lookup is None and not job.encoded:
         _LOOKUPS.clear()  # an earlier run's, in a reused worker
         lookup = _LOOKUPS[job.token] = DictionaryLookup(Path(job.dictionary), job.cardinalities)
     dtype = record_dtype([np.dtype(d) for d in job.cat_dtypes])
     spill, rows = Path(job.spill), 0
-    parquet = pq.ParquetFile(job.file, read_dictionary=list(CAT_COLUMNS))
+    parquet = pq.ParquetFile(job.file, read_dictionary=None if job.encoded else list(CAT_COLUMNS))
     for batch in parquet.iter_batches(batch_size=BATCH_ROWS, row_groups=job.row_groups):
         records, buckets = transform_batch(batch, lookup, job, dtype)
         bounds = np.searchsorted(buckets, np.arange(int(buckets.max(initial=0)) + 2))
@@ -549,16 +556,23 @@ def run_pass_one(jobs: Sequence[BucketJob], workers: int) -> int:
     return done
 
 
-def transform_main(argv: Sequence[str], *, bucket_rows: int = BUCKET_ROWS,
-                   workers: int = WORKERS) -> TransformResult:
+def transform_main(argv: Sequence[str], *, bucket_rows: int = BUCKET_ROWS, workers: int = WORKERS,
+                   encoded_by: str | None = None) -> TransformResult:
     """spark_jobs/criteo/transform.py's main, in this process (its argv, its output). The join options only decide
-    which join the manifest names per column, as the Spark job would choose it."""
+    which join the manifest names per column, as the Spark job would choose it.
+
+    encoded_by: the engine that already encoded the days given (`nvtabular`: its workflow's output, with ids and
+    log numericals in place); they are then only ordered, split and written, and the manifest names that engine.
+    """
     args = spark_transform.parse_args(argv)
     started = time.monotonic()
     cardinalities = spark_transform.load_cardinalities(args.dictionary)
-    lookup = DictionaryLookup(args.dictionary, cardinalities)  # checks the dictionary before any work
-    joins = {name: "empty" if len(values) == 0 else "broadcast" if len(values) <= args.broadcast_max_values
-             else "skew" for name, values in zip(CAT_COLUMNS, lookup.values)}
+    if encoded_by is None:
+        lookup = DictionaryLookup(args.dictionary, cardinalities)  # checks the dictionary before any work
+        joins = {name: "empty" if len(values) == 0 else "broadcast" if len(values) <= args.broadcast_max_values
+                 else "skew" for name, values in zip(CAT_COLUMNS, lookup.values)}
+    else:
+        lookup, joins = None, {name: f"{encoded_by} workflow" for name in CAT_COLUMNS}
     plans = [plan_day(source, path) for source, path in enumerate([*args.train_days, args.test_day])]
     n = plans[-1].rows
     if n < 2:
@@ -578,10 +592,10 @@ def transform_main(argv: Sequence[str], *, bucket_rows: int = BUCKET_ROWS,
         spill.mkdir()
         jobs = plan_jobs(plans, dict(spill=str(spill), dictionary=str(args.dictionary), cardinalities=cardinalities,
                                      cat_dtypes=cat_dtypes, seed=args.seed, bucket_bits=bits,
-                                     test_buckets=test_buckets, split=split))
+                                     test_buckets=test_buckets, split=split, encoded=encoded_by is not None))
         log.info("pass 1: %d days, %d row groups, %d worker(s); %d train buckets, %d test-day buckets", len(plans),
                  len(jobs), workers, 1 << bits, test_buckets)
-        if jobs:
+        if jobs and lookup is not None:
             _LOOKUPS[jobs[0].token] = lookup  # pass 1 in this process reuses it; workers build their own
         try:
             run_pass_one(jobs, workers)
@@ -602,9 +616,9 @@ def transform_main(argv: Sequence[str], *, bucket_rows: int = BUCKET_ROWS,
         manifest = Manifest(kind="criteo_transform", inputs=json.loads(args.inputs_json), rows=rows,
                             extra={"cardinalities": cardinalities, "seed": args.seed, "split_row_order": split,
                                    "joins": joins, "train_days": list(args.train_days), "test_day": args.test_day,
-                                   "engine": ENGINE})
+                                   "engine": encoded_by or ENGINE})
         write_manifest(tmp, manifest)
-    log.info("dataset %s (arrow): %s rows in %.1f s", args.output, rows, time.monotonic() - started)
+    log.info("dataset %s (%s): %s rows in %.1f s", args.output, encoded_by or ENGINE, rows, time.monotonic() - started)
     return TransformResult(str(args.output), rows, cardinalities, split, joins)
 
 

@@ -108,6 +108,15 @@ def device_param() -> Any:
                  description="Training device. Empty = the deployment's RECFLOW_TRAIN_DEVICE (auto).")
 
 
+def engine_param(engines: tuple[str, ...], env_var: str, description: str) -> Any:
+    """The preprocessing engine of a pipeline: empty = the deployment's setting (env_var, else spark)."""
+    from airflow.sdk import Param
+
+    return Param(None, type=["null", "string"], enum=[None, *engines], title="Preprocessing engine",
+                 values_display={"None": f"(the deployment's {env_var}, else spark)"},
+                 description=f"{description} Empty = the deployment's {env_var} (default spark).")
+
+
 def release_params(model_name: str) -> dict[str, Any]:
     """The params every training DAG's publish step reads: the model's name, where to publish, which connection
     holds the S3 credentials (each checked against the deployment's allow-lists where it is used)."""

@@ -1,0 +1,70 @@
+"""What every nvt_jobs job shares: the --device / --workers options, the Dask cluster they select, and datasets on
+the chosen device. Logging and the one-line failure reason are spark_jobs.common's (stdlib only)."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import logging
+import warnings
+from collections.abc import Iterator, Sequence
+
+from spark_jobs.common import configure_logging, run_job  # noqa: F401 - re-exported for the jobs
+
+log = logging.getLogger("recflow.nvt")
+
+
+def add_device_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--device", choices=("cpu", "gpu", "auto"), default="auto",
+                        help="cpu: pandas-backed Dataset(cpu=True); gpu: cudf + dask-cuda; auto: gpu if cudf imports")
+    parser.add_argument("--workers", type=int, default=2,
+                        help="Dask workers of the local cluster (0 = the synchronous scheduler in this process)")
+
+
+def resolve_device(device: str) -> str:
+    if device != "auto":
+        return device
+    try:
+        import cudf  # noqa: F401
+    except ImportError:
+        return "cpu"
+    return "gpu"
+
+
+@contextlib.contextmanager
+def dask_cluster(device: str, workers: int) -> Iterator[object | None]:
+    """A Dask client on a local cluster for the job's duration: dask-cuda's (one worker per visible GPU) on gpu,
+    distributed's LocalCluster (`workers` processes, one thread each) on cpu; none (synchronous) when workers is 0."""
+    import dask
+
+    for noisy in ("distributed", "tornado"):  # per-worker start/stop chatter; warnings and errors still show
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+    if device == "gpu":
+        from dask_cuda import LocalCUDACluster
+        from distributed import Client
+
+        with LocalCUDACluster(dashboard_address=None) as cluster, Client(cluster) as client:
+            log.info("dask-cuda cluster: %d GPU worker(s)", len(client.scheduler_info()["workers"]))
+            yield client
+        return
+    if workers == 0:
+        with dask.config.set(scheduler="synchronous"):
+            log.info("dask: synchronous scheduler")
+            yield None
+        return
+    from distributed import Client, LocalCluster
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "Port 8787 is already in use" etc.: no dashboard is started
+        cluster = LocalCluster(n_workers=workers, threads_per_worker=1, processes=True, dashboard_address=None,
+                               silence_logs=logging.WARNING)
+    with cluster, Client(cluster) as client:
+        log.info("dask local cluster: %d worker process(es), 1 thread each", workers)
+        yield client
+
+
+def dataset(paths: Sequence[str], device: str, **kwargs):
+    """merlin.io.Dataset over parquet files, pandas-backed on cpu, cudf-backed on gpu."""
+    from merlin.io import Dataset
+
+    return Dataset(list(paths), engine="parquet", cpu=device == "cpu", **kwargs)
