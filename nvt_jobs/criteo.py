@@ -208,9 +208,10 @@ def transform_main(args: argparse.Namespace) -> dict:
             encoded.to_parquet(str(out), write_index=False, write_metadata_file=False, compression="snappy")
             n = sum(_rows(p) for p in out.glob("*.parquet"))
             rows[directory] = n
-            seconds = time.monotonic() - begun
-            log.info("transformed %s: %d rows in %.1f s (%.0f rows/s) [%d/%d]", directory, n, seconds,
-                     n / max(seconds, 1e-9), index + 1, len(args.inputs))
+            seconds, elapsed = time.monotonic() - begun, time.monotonic() - started
+            eta = elapsed / (index + 1) * (len(args.inputs) - index - 1)
+            log.info("transformed %s: %d rows in %.1f s (%.0f rows/s) [%d/%d days, ETA %d:%02d]", directory, n,
+                     seconds, n / max(seconds, 1e-9), index + 1, len(args.inputs), eta // 60, eta % 60)
         write_manifest(tmp, Manifest(kind="criteo_nvt_encoded", inputs=json.loads(args.inputs_json), rows=rows,
                                      extra={"engine": ENGINE, "nvtabular": nvt.__version__, "device": args.device,
                                             "workflow": str(args.workflow), "inputs": list(args.inputs)}))
