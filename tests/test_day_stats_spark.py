@@ -52,7 +52,12 @@ def _plant_bad_rows(lines: list[bytes]) -> dict[int, bytes]:
         1200: with_field(lines[12], 5, b"4.5"),                         # non-integer
         1500: with_field(lines[13], 20, b"\xff\xfe0000ab"),             # invalid UTF-8
         1800: b"z" * 100_000,                                           # over-long line
-        GOOD_ROWS + 7: lines[14] + b"\tdeadbeef",                       # 41 fields, last line of the day
+        # Line terminators Java's `$` matches before (the Spark job anchors its patterns with `$`, GPU-friendly):
+        1900: lines[15] + b"\r",                                        # CRLF line end, after a valid value
+        1950: with_field(lines[16], 3, b"12\xc2\x85"),                   # U+0085 after a valid integer
+        1980: with_field(lines[17], 30, b"0123abcd\xe2\x80\xa8"),        # U+2028 after a valid categorical
+        1990: with_field(lines[18], 1, b"1\xe2\x80\xa9"),                # U+2029 after a valid label
+        GOOD_ROWS + 12: lines[14] + b"\tdeadbeef",                      # 41 fields, last line of the day
     }
 
 

@@ -257,5 +257,7 @@ def test_criteo_day_stats_under_gpu_explain(tmp_path: Path) -> None:
     fallbacks = run_spark_job(submit, label="spark gpu-explain")
     assert read_manifest(out)["rows"]["good"] == 300  # explain-only: the job itself ran, on the CPU
     assert fallbacks.plugin_mode == "explain only"
-    # What docs/gpu_spark.md predicts from the RAPIDS docs: the text reader and the `\z`-anchored validation regexes.
-    assert {"FileSourceScanExec", "RLike"} <= fallbacks.operators(), fallbacks.summary("criteo/day_stats.py")
+    # What docs/gpu_spark.md predicts from the RAPIDS docs: the text reader falls back; the validation regexes,
+    # `$`-anchored since `\z` has no GPU implementation, do not.
+    assert "FileSourceScanExec" in fallbacks.operators(), fallbacks.summary("criteo/day_stats.py")
+    assert "RLike" not in fallbacks.operators(), fallbacks.summary("criteo/day_stats.py")
