@@ -123,9 +123,24 @@ def test_dlrm_trains_evaluates_and_publishes(ingested):
 
 
 def test_a_worse_model_is_gated_out_by_scoring_production_on_the_same_rows(ingested):
+    """This run preprocesses with the nvtabular engine (NVIDIA's NVTabular workflow, in .venv-nvtabular): its
+    dataset is the published Spark-preprocessed run's, byte for byte, and what it would publish carries the fitted
+    workflow."""
     root = Path(ingested["RECFLOW_DATA_ROOT"])
     latest = json.loads((root / "published" / "criteo_dlrm" / "latest.json").read_text())
-    run = run_dlrm(ingested, epochs=1, limit_train_batches=2, min_auc=0.5)  # barely trained: clearly worse
+    run = run_dlrm(ingested, epochs=1, limit_train_batches=2, min_auc=0.5,  # barely trained: clearly worse
+                   engine="nvtabular")
+    run_dir = layout.run_dir(root, "criteo_dlrm", run["run_id"])
+    production = json.loads((root / "published" / "criteo_dlrm" / "versions" / latest["version"]
+                             / "lineage.json").read_text())["run_id"]
+    production_dataset = layout.run_dir(root, "criteo_dlrm", production) / "dataset"
+    files = sorted(p.relative_to(production_dataset) for p in production_dataset.rglob("*.bin"))
+    assert len(files) == 3 * 28 and "[nvtabular fit]" in run["log"]
+    assert all((run_dir / "dataset" / f).read_bytes() == (production_dataset / f).read_bytes() for f in files)
+    from tasks.criteo.dlrm import publishable_files
+
+    settings = Settings(data_root=root)
+    assert "dictionary/nvt_workflow/workflow.pkl" in publishable_files(settings, run["run_id"])
     assert run["tasks"]["gate"]["state"] == "success"  # a failed gate is a decision, not a task failure
     assert run["state"] == "success", run["log"][-4000:]
     assert run["tasks"]["publish"]["state"] == "skipped"
