@@ -1,18 +1,19 @@
 """
 ### outbrain_wide_deep — from a validated Outbrain snapshot to a published Wide & Deep model
 
-`features` (Spark SQL in `sql/outbrain/`: clicks ⨝ events ⨝ promoted_content ⨝ documents_meta twice; the split
-— days 0-10 with a per-display uniform r > 0.2 → train, the rest → validation, seeded; CTRs fitted on train only
-with NVIDIA's count thresholds, days since published, geo country / state, TF-IDF similarities of the event and
-the ad document over categories, topics and entities, counts, NVIDIA's hash buckets; written as parquet +
-FeatureSpec and as TFRecords prebatched by `prebatch_size` rows; keyed by snapshot and these knobs, so runs that
-change only the model share it) → `validate_dataset` → `train` (Wide & Deep in TensorFlow 2 / Keras 3: the wide
-part FTRL, the deep part RMSProp with warmup; `workers` processes under tf.distribute's MultiWorkerMirroredStrategy;
-resumes from its last checkpoint on retry) → `evaluate` (MAP@k over the whole validation set grouped by display,
-ties counted against the clicked ad, with the MAP of a random ranking of the same displays; AUC, logloss) → `gate`
-(MAP@k >= min_map, and no worse than the published model scored on the same displays through its own feature
-statistics) → `publish` (a self-contained version: weights, FeatureSpec, the fitted feature statistics;
-`latest` moved last). `python -m tasks.outbrain.predict` scores raw Outbrain rows with any published version.
+`features` (Spark SQL in `sql/outbrain/`, or NVIDIA's NVTabular Workflow with `engine=nvtabular`: clicks ⨝ events ⨝
+promoted_content ⨝ documents_meta twice; the split — days 0-10 with a per-display uniform r > 0.2 → train, the rest →
+validation, seeded; CTRs fitted on train only with NVIDIA's count thresholds, days since published, geo country /
+state, TF-IDF similarities of the event and the ad document over categories, topics and entities, counts, NVIDIA's
+hash buckets; written as parquet + FeatureSpec and as TFRecords prebatched by `prebatch_size` rows; keyed by
+snapshot, engine and these knobs, so runs that change only the model share it) → `validate_dataset` → `train` (Wide &
+Deep in TensorFlow 2 / Keras 3: the wide part FTRL, the deep part RMSProp with warmup; `workers` processes under
+tf.distribute's MultiWorkerMirroredStrategy; resumes from its last checkpoint on retry) → `evaluate` (MAP@k over the
+whole validation set grouped by display, ties counted against the clicked ad, with the MAP of a random ranking of the
+same displays; AUC, logloss) → `gate` (MAP@k >= min_map, and no worse than the published model scored on the same
+displays through its own feature statistics) → `publish` (a self-contained version: weights, FeatureSpec, the fitted
+feature statistics; `latest` moved last). `python -m tasks.outbrain.predict` scores raw Outbrain rows with any
+published version.
 
 Configuration: a `profile` (`full`: NVIDIA's recipe, the default of asset-triggered runs; `demo`: one CPU machine)
 gives every knob a value; a knob param left empty takes the profile's. Schedule: runs when `outbrain_ingest`
@@ -25,8 +26,8 @@ from __future__ import annotations
 from airflow.sdk import Param, dag, task
 
 from tasks.core.config import load_settings
-from tasks.dagkit import (DEFAULT_ARGS, SPARK_TASK, device_param, fail_without_retry, knob_params, profile_param,
-                          release_params, spark_master, workers_param)
+from tasks.dagkit import (DEFAULT_ARGS, SPARK_TASK, device_param, engine_param, fail_without_retry, knob_params,
+                          profile_param, release_params, spark_master, workers_param)
 from tasks.dagkit.snapshot_training import snapshot_training_tasks
 from tasks.outbrain.dagkit import OUTBRAIN_CLICKS, snapshot_of_run
 from tasks.outbrain.profiles import KNOBS, PROFILES
@@ -51,6 +52,10 @@ record_failure = failure_callback("outbrain_wide_deep")
                                       "one whose announcement started this run, else RECFLOW_OUTBRAIN_SNAPSHOT."),
         "workers": workers_param(),
         "device": device_param(),
+        "engine": engine_param(("spark", "nvtabular"), "RECFLOW_OUTBRAIN_FEATURES_ENGINE",
+                               "Features engine: spark (the SQL in sql/outbrain/, on the deployment's Spark) or "
+                               "nvtabular (NVIDIA's NVTabular Workflow in its own environment; GPU where cudf "
+                               "imports, else CPU). Each engine's features are cached apart."),
         **knob_params(KNOBS, PROFILES),
         **release_params("outbrain_wide_deep"),
     },

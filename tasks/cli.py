@@ -437,7 +437,8 @@ def outbrain_features(args: argparse.Namespace, settings: Settings, steps: Steps
     from tasks.outbrain import wide_deep
 
     params = {"profile": args.profile, "snapshot": args.snapshot, "split_seed": args.split_seed,
-              "prebatch_size": args.prebatch_size, "tfrecord_shards": args.tfrecord_shards}
+              "prebatch_size": args.prebatch_size, "tfrecord_shards": args.tfrecord_shards,
+              "engine": args.engine}
     run = steps.run("resolve_run", wide_deep.resolve_run, settings, params)
     steps.run("build_features", wide_deep.build_features, settings, run, spark_master=args.spark_master)
     steps.run("validate_dataset", wide_deep.validate_dataset, settings, run)
@@ -465,6 +466,9 @@ def add_outbrain_commands(pipelines: argparse._SubParsersAction) -> None:
     p.add_argument("--split-seed", type=non_negative, default=None)
     p.add_argument("--prebatch-size", type=positive, default=None)
     p.add_argument("--tfrecord-shards", type=positive, default=None)
+    p.add_argument("--engine", choices=("spark", "nvtabular"), default=None,
+                   help="features engine (default: RECFLOW_OUTBRAIN_FEATURES_ENGINE, else spark; nvtabular: NVIDIA's "
+                        "NVTabular workflow in .venv-nvtabular)")
     _spark_options(p)
 
 

@@ -54,6 +54,7 @@ from spark_jobs.criteo import transform as spark_transform
 from spark_jobs.criteo.dictionary import DICTIONARY, DictionaryResult
 from spark_jobs.criteo.transform import INDEX_MASK, MAPPINGS, PARTITION_SHIFT, ROW_ORDER, TransformResult
 from tasks.core.progress import ProgressLog
+from tasks.core.xxhash import SPARK_HASH_SEED, xxhash64_int, xxhash64_long
 from tasks.core.storage import Manifest, atomic_directory, write_manifest
 from tasks.criteo.schema import CAT_COLUMNS, INT_COLUMNS, LABEL, NUM_INT_FEATURES
 from tasks.formats.feature_spec import DTYPE_SELECTOR, FeatureSpec
@@ -73,38 +74,7 @@ DICTIONARY_SCHEMA = pa.schema([pa.field("column", pa.int32()), pa.field("value",
 _COUNTS_SPILL_SCHEMA = pa.schema([pa.field("value", pa.string()), pa.field("count", pa.int64())])
 
 
-# ---- Spark's xxhash64 (org.apache.spark.sql.catalyst.expressions.XxHash64, seed 42) --------------------------------
-
-_P1, _P2, _P3, _P4, _P5 = (np.uint64(p) for p in (0x9E3779B185EBCA87, 0xC2B2AE3D27D4EB4F, 0x165667B19E3779F9,
-                                                   0x85EBCA77C2B2AE63, 0x27D4EB2F165667C5))
-SPARK_HASH_SEED = 42
-
-
-def _rotl(x: np.ndarray, r: int) -> np.ndarray:
-    return (x << np.uint64(r)) | (x >> np.uint64(64 - r))
-
-
-def _fmix(h: np.ndarray) -> np.ndarray:
-    h = h ^ (h >> np.uint64(33))
-    h = h * _P2
-    h = h ^ (h >> np.uint64(29))
-    h = h * _P3
-    return h ^ (h >> np.uint64(32))
-
-
-def xxhash64_int(values: np.ndarray, seed: np.ndarray) -> np.ndarray:
-    """XXH64.hashInt: a 4-byte int hashed with the running hash as seed (uint64 arrays, wrapping arithmetic)."""
-    h = seed + _P5 + np.uint64(4)
-    h = h ^ (np.asarray(values, dtype=np.int64).astype(np.uint64) & np.uint64(0xFFFFFFFF)) * _P1
-    return _fmix(_rotl(h, 23) * _P2 + _P3)
-
-
-def xxhash64_long(values: np.ndarray, seed: np.ndarray) -> np.ndarray:
-    """XXH64.hashLong: an 8-byte long hashed with the running hash as seed."""
-    h = seed + _P5 + np.uint64(8)
-    h = h ^ _rotl(np.asarray(values, dtype=np.int64).view(np.uint64) * _P2, 31) * _P1
-    return _fmix(_rotl(h, 27) * _P1 + _P4)
-
+# ---- the train shuffle's key: Spark's xxhash64 (tasks/core/xxhash.py) -------------------------------------------
 
 def shuffle_keys(seed: int, source: int, row_order: np.ndarray) -> np.ndarray:
     """F.xxhash64(F.lit(seed), F.lit(source), row_order) as int64: a literal that fits an int hashes as 4 bytes."""

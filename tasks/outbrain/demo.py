@@ -44,8 +44,11 @@ def run_demo(args: argparse.Namespace) -> bool:
     ingest = run_dag("outbrain_ingest", None, {"snapshot": snapshot})
     training = None
     if ingest["state"] == "success":
+        engine = getattr(args, "engine", None)  # make demo ENGINE=...: this pipeline offers spark and nvtabular
         training = run_dag("outbrain_wide_deep", None,
-                           {"profile": "demo", "snapshot": snapshot, **args.outbrain_wide_deep_conf})
+                           {"profile": "demo", "snapshot": snapshot,
+                            **({"engine": engine} if engine in ("spark", "nvtabular") else {}),
+                            **args.outbrain_wide_deep_conf})
     total = time.monotonic() - start
 
     print(f"\n=== outbrain_ingest ({snapshot}): {ingest['state']} in {ingest['wall_seconds']:.1f} s ===")

@@ -1,6 +1,13 @@
-"""outbrain_wide_deep's features dataset: validated tables -> NVIDIA's Wide & Deep features (Spark SQL, by
-spark-submit) -> parquet + prebatched TFRecords, each with its FeatureSpec; its check; and the features of new rows
-for `predict`.
+"""outbrain_wide_deep's features dataset: validated tables -> NVIDIA's Wide & Deep features (Spark SQL by
+spark-submit, or NVIDIA's NVTabular Workflow in NVTabular's own environment) -> parquet + prebatched TFRecords, each
+with its FeatureSpec; its check; and the features of new rows for `predict`.
+
+Engines (`engine=`, else RECFLOW_OUTBRAIN_FEATURES_ENGINE, else spark): `spark` runs spark_jobs/outbrain/features.py
+(the SQL in sql/outbrain/); `nvtabular` runs nvt_jobs/outbrain.py through tasks.core.nvtabular (CPU here, GPU where
+cudf imports). Both write the same columns, dtypes, split and row order; their hashed ids differ (xxhash64 vs
+pandas / cudf hashing), so the engine is part of an nvtabular dataset's cache key and of its manifest (extra.engine).
+The fitted statistics travel in stats/: Spark's tables, or NVTabular's saved Workflow (stats/nvt_workflow/); the
+transform for `predict` runs the engine whose statistics it is given. docs/OUTBRAIN.md, "NVTabular engine".
 
 Plain functions; the DAG only wires them. `build_features` fingerprints its inputs (the validated tables' file
 checksums, the knobs, FEATURES_RULES_VERSION), is a no-op when `out_dir` already holds a complete dataset for them,
@@ -70,6 +77,10 @@ MULTIHOT_PADDING = -1
 # Bump when the features' semantics change (SQL, split, layout): cached datasets are rebuilt.
 FEATURES_RULES_VERSION = 1
 JOB = "outbrain/features.py"
+NVT_JOB = "nvt_jobs.outbrain"
+NVT_WORKFLOW_DIR = "nvt_workflow"  # stats/<this>: the fitted NVTabular Workflow (nvt_jobs/outbrain.py WORKFLOW_DIR)
+ENGINES = ("spark", "nvtabular")
+ENGINE_ENV = "RECFLOW_OUTBRAIN_FEATURES_ENGINE"
 KIND = "outbrain_features"
 INPUT_TABLES = ("clicks_train", "events", "promoted_content", "documents_meta", "documents_topics",
                 "documents_entities", "documents_categories")
@@ -173,31 +184,63 @@ def _write_tfrecords(parquet_dir: Path, out_dir: Path, mapping: str, *, seed: in
 
 # ---- the dataset ------------------------------------------------------------------------------------------------
 
+def features_engine(engine: str | None) -> str:
+    """The engine given, else RECFLOW_OUTBRAIN_FEATURES_ENGINE, else spark; a bad one is a one-line ValueError."""
+    from tasks.core.config import choose_engine
+
+    return choose_engine(engine, ENGINE_ENV, ENGINES)
+
+
+def stats_engine(stats_dir: Path) -> str:
+    """The engine that fitted a stats/ directory (a features dataset's or a published version's): nvtabular when it
+    holds a saved Workflow, else spark."""
+    return "nvtabular" if (Path(stats_dir) / NVT_WORKFLOW_DIR).is_dir() else "spark"
+
+
+def _fit(engine: str, snapshot: Path, tmp: Path, *, seed: int, settings: Settings, spark_master: str | None,
+         spark_profile: str | None, spark_conf: dict[str, str] | None) -> None:
+    """The engine's fit job: parquet/{train,valid}, stats/ and stats.json in tmp."""
+    args = ["fit", "--tables", str(snapshot), "--output", str(tmp), "--seed", str(seed)]
+    if engine == "nvtabular":
+        from tasks.core.nvtabular import run_nvt_job
+
+        run_nvt_job(NVT_JOB, args, label="nvtabular outbrain features")
+        return
+    from tasks.core.spark_submit import SparkSubmit, run_spark_job
+
+    submit = SparkSubmit(JOB, args, master=spark_master or "local[*]", profile=spark_profile or settings.spark_profile,
+                         conf_overrides=dict(spark_conf or {}))
+    run_spark_job(submit, label="spark outbrain features")
+
+
 def build_features(settings: Settings, snapshot: Path, out_dir: Path, *, seed: int,
-                   prebatch_size: int = PREBATCH_SIZE, shards: int, spark_master: str | None = None,
-                   spark_profile: str | None = None, spark_conf: dict[str, str] | None = None) -> dict[str, Any]:
+                   prebatch_size: int = PREBATCH_SIZE, shards: int, engine: str | None = None,
+                   spark_master: str | None = None, spark_profile: str | None = None,
+                   spark_conf: dict[str, str] | None = None) -> dict[str, Any]:
     """The features dataset of a validated snapshot (snapshot = its validated/<snapshot>/ directory) in out_dir,
     replaced atomically; cached when out_dir already holds it for the same inputs.
 
     seed: of the split and of the train rows' order; prebatch_size: rows per TFRecord Example; shards: TFRecord files
-    per mapping. spark_master None = local[*]; spark_profile None = settings.spark_profile.
+    per mapping; engine: spark | nvtabular (None: features_engine's default). spark_master None = local[*];
+    spark_profile None = settings.spark_profile.
     """
-    from tasks.core.spark_submit import SparkSubmit, run_spark_job
     from tasks.formats.tfrecord import SHARD_NAME
 
     _check_knobs(seed, prebatch_size, shards)
+    engine = features_engine(engine)
     snapshot, out_dir = Path(snapshot), Path(out_dir)
     inputs = {"version": FEATURES_RULES_VERSION, "tables": fingerprint(tables_identity(snapshot, INPUT_TABLES)),
               "seed": seed, "prebatch_size": prebatch_size, "shards": shards}
+    if engine != "spark":  # the Spark datasets written before engines existed keep their key
+        inputs["engine"] = engine
     manifest = completed_manifest(out_dir, inputs)
     cached = manifest is not None
     if manifest is None:
         started = time.monotonic()
         with atomic_directory(out_dir) as tmp:
-            submit = SparkSubmit(JOB, ["fit", "--tables", str(snapshot), "--output", str(tmp), "--seed", str(seed)],
-                                 master=spark_master or "local[*]", profile=spark_profile or settings.spark_profile,
-                                 conf_overrides=dict(spark_conf or {}))
-            run_spark_job(submit, label="spark outbrain features")
+            _fit(engine, snapshot, tmp, seed=seed, settings=settings, spark_master=spark_master,
+                 spark_profile=spark_profile, spark_conf=spark_conf)
+            fitted_s = time.monotonic() - started
             stats = json.loads((tmp / STATS_FILE).read_text())
             records = {mapping: _write_tfrecords(tmp / PARQUET_DIR / sub, tmp / TFRECORDS_DIR / sub, mapping,
                                                  seed=seed, prebatch_size=prebatch_size, shards=shards)
@@ -212,6 +255,7 @@ def build_features(settings: Settings, snapshot: Path, out_dir: Path, *, seed: i
                                                              "multihot_padding": MULTIHOT_PADDING}
                                   ).to_yaml(tmp / TFRECORDS_DIR / FEATURE_SPEC_FILE)
             stats["tfrecords"] = records
+            stats["engine"] = engine
             stats["seconds_total"] = round(time.monotonic() - started, 3)
             (tmp / STATS_FILE).write_text(json.dumps(stats, indent=2) + "\n")
             rows = {mapping: stats[mapping]["rows"] for mapping in MAPPING_DIRS}
@@ -219,16 +263,20 @@ def build_features(settings: Settings, snapshot: Path, out_dir: Path, *, seed: i
                 if result["rows"] != rows[mapping]:
                     raise RuntimeError(f"{mapping}: {result['rows']} rows in TFRecords, {rows[mapping]} in parquet")
             write_manifest(tmp, Manifest(kind=KIND, inputs=inputs, rows=rows,
-                                         extra={"seed": seed, "prebatch_size": prebatch_size, "shards": shards}))
+                                         extra={"seed": seed, "prebatch_size": prebatch_size, "shards": shards,
+                                                "engine": engine}))
         manifest = read_manifest(out_dir)
-        log.info("features built in %.1f s: %s", time.monotonic() - started, manifest["rows"])
+        total = sum(manifest["rows"].values())
+        log.info("features built by %s in %.1f s (%s; features %.1f s, %.0f rows/s)", engine,
+                 time.monotonic() - started, manifest["rows"], fitted_s, total / max(fitted_s, 1e-9))
     else:
-        log.info("features for these inputs already written (%s): nothing to do", out_dir)
+        log.info("features for these inputs already written (%s, by %s): nothing to do", out_dir,
+                 manifest.get("extra", {}).get("engine", "spark"))
     stats = json.loads((out_dir / STATS_FILE).read_text())
     return {"path": str(out_dir), "feature_spec": str(out_dir / FEATURE_SPEC_FILE),
             "tfrecords": str(out_dir / TFRECORDS_DIR), "stats_dir": str(out_dir / STATS_DIR),
             "rows": manifest["rows"], "displays": {m: stats[m]["displays"] for m in MAPPING_DIRS},
-            "positives": {m: stats[m]["positives"] for m in MAPPING_DIRS},
+            "positives": {m: stats[m]["positives"] for m in MAPPING_DIRS}, "engine": engine,
             "fingerprint": manifest["inputs_fingerprint"], "cached": cached}
 
 
@@ -237,28 +285,38 @@ def transform_rows(settings: Settings, raw_tables_dir: Path, stats_dir: Path, ou
                    spark_profile: str | None = None) -> dict[str, Any]:
     """The features of new rows (raw_tables_dir/<clicks_table>: display_id, ad_id; the other tables as validated)
     with a fitted dataset's stats/, as parquet in out_dir (replaced atomically; cached): NVIDIA's columns plus
-    ad_id_raw, sorted by (display_id, ad_id_raw). The same SQL as the training rows', so the two always agree."""
-    from tasks.core.spark_submit import SparkSubmit, run_spark_job
+    ad_id_raw, sorted by (display_id, ad_id_raw). Run by the engine that fitted stats/ (stats_engine): the same
+    SQL, or the same saved Workflow, as the training rows', so the two always agree."""
     from tasks.core.storage import describe_files
     from tasks.formats.tfrecord import count_rows, parquet_files
 
     raw_tables_dir, stats_dir, out_dir = Path(raw_tables_dir), Path(stats_dir), Path(out_dir)
     if not stats_dir.is_dir():
         raise StepInputMissing(f"no feature statistics in {stats_dir}: build the features dataset first")
+    engine = stats_engine(stats_dir)
     tables = (clicks_table, *INPUT_TABLES[1:])
     inputs = {"version": FEATURES_RULES_VERSION, "tables": fingerprint(tables_identity(raw_tables_dir, tables)),
               "stats": fingerprint(describe_files(stats_dir))}
     manifest = completed_manifest(out_dir, inputs)
     if manifest is None:
         with atomic_directory(out_dir) as tmp:
-            submit = SparkSubmit(JOB, ["transform", "--tables", str(raw_tables_dir), "--clicks-table", clicks_table,
-                                       "--stats", str(stats_dir), "--output", str(tmp), "--parquet-files", "1"],
-                                 master=spark_master or "local[*]", profile=spark_profile or settings.spark_profile)
-            run_spark_job(submit, label="spark outbrain transform")
+            args = ["transform", "--tables", str(raw_tables_dir), "--clicks-table", clicks_table,
+                    "--stats", str(stats_dir), "--output", str(tmp), "--parquet-files", "1"]
+            if engine == "nvtabular":
+                from tasks.core.nvtabular import run_nvt_job
+
+                run_nvt_job(NVT_JOB, args, label="nvtabular outbrain transform")
+            else:
+                from tasks.core.spark_submit import SparkSubmit, run_spark_job
+
+                run_spark_job(SparkSubmit(JOB, args, master=spark_master or "local[*]",
+                                          profile=spark_profile or settings.spark_profile),
+                              label="spark outbrain transform")
             write_manifest(tmp, Manifest(kind=f"{KIND}_transform", inputs=inputs,
-                                         rows={"rows": count_rows(parquet_files(tmp))}))
+                                         rows={"rows": count_rows(parquet_files(tmp))}, extra={"engine": engine}))
         manifest = read_manifest(out_dir)
-    return {"path": str(out_dir), "rows": manifest["rows"]["rows"], "fingerprint": manifest["inputs_fingerprint"]}
+    return {"path": str(out_dir), "rows": manifest["rows"]["rows"], "fingerprint": manifest["inputs_fingerprint"],
+            "engine": engine}
 
 
 # ---- the check --------------------------------------------------------------------------------------------------

@@ -6,10 +6,12 @@
                                          --metrics-out metrics.json
 
 A published version is self-contained: the Wide & Deep weights and sizes (model.weights.h5, model_config.json), the
-FeatureSpecs of its training features, and the feature statistics fitted on its train split (stats/: CTR counts,
-IDF tables, medians and count normalisation). The rows to rank are a validated snapshot's tables (outbrain_ingest
-writes them; Kaggle's clicks_test.csv holds display_id, ad_id): their features are computed by the same Spark SQL
-as the training rows', with the version's own statistics, so what a version scores is what it was trained on.
+FeatureSpecs of its training features, and the feature statistics fitted on its train split (stats/: Spark's CTR
+counts, IDF tables, medians and count normalisation, or NVTabular's saved Workflow in stats/nvt_workflow/). The
+rows to rank are a validated snapshot's tables (outbrain_ingest writes them; Kaggle's clicks_test.csv holds
+display_id, ad_id): their features are computed by the engine that built the version's features (the same Spark
+SQL, or the same NVTabular Workflow, as the training rows'), with the version's own statistics, so what a version
+scores is what it was trained on.
 
 `rank` writes Kaggle's submission format (`display_id,ad_id` then one line per display: its ad ids, best first,
 space-separated) and prints the first `--limit` displays as JSON lines {"display_id", "ads", "scores"}.

@@ -18,9 +18,6 @@ from tasks.core.profiles import Knob, check_profiles
 _LAYERS = {"type": "string", "pattern": r"^\d{1,5}(,\d{1,5}){0,9}$"}
 
 KNOBS: dict[str, Knob] = {
-    "engine": Knob({"type": "string", "enum": ["spark"]},
-                   "Feature engineering engine: Spark SQL (sql/outbrain/), on the deployment's Spark (local, a "
-                   "cluster, or GPUs through the RAPIDS Accelerator)."),
     "split_seed": Knob({"type": "integer", "minimum": 0},
                        "Seed of the per-display uniform that splits days 0-10 into train (r > 0.2) and validation."),
     "prebatch_size": Knob({"type": "integer", "minimum": 1, "maximum": 1 << 16},
@@ -61,11 +58,13 @@ KNOBS: dict[str, Knob] = {
                            "validation displays."),
 }
 
-# Knobs the features read; the trainer's flags are built by tasks.outbrain.wide_deep.trainer_config.
-FEATURE_KNOBS = ("engine", "split_seed", "prebatch_size", "tfrecord_shards")
+# Knobs the features read; the trainer's flags are built by tasks.outbrain.wide_deep.trainer_config. The features'
+# engine is not a knob: it is the deployment's (RECFLOW_OUTBRAIN_FEATURES_ENGINE) unless a run's `engine` param names
+# one (tasks.outbrain.wide_deep.resolve_run), whatever the profile.
+FEATURE_KNOBS = ("split_seed", "prebatch_size", "tfrecord_shards")
 
 _FULL: dict[str, Any] = {
-    "engine": "spark", "split_seed": 0, "prebatch_size": 4096, "tfrecord_shards": 16,
+    "split_seed": 0, "prebatch_size": 4096, "tfrecord_shards": 16,
     "epochs": 20, "batch_size": 131072, "eval_batch_size": 131072, "linear_lr": 0.02, "deep_lr": 0.00012,
     "deep_warmup_epochs": 6, "deep_hidden_units": "1024,1024,1024,1024,1024", "deep_dropout": 0.1,
     "embedding_dim": 0, "precision": "fp32", "xla": False, "checkpoint_every_steps": 500, "seed": 1,

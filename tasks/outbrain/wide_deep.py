@@ -51,9 +51,13 @@ def resolve_run(settings: Settings, params: dict[str, Any], run_type: str = "man
         trainer_config(knobs)
         return knobs
 
+    from tasks.outbrain.features import features_engine
+
+    engine = features_engine(params.get("engine"))  # a bad engine is refused before any work
     name = params.get("snapshot") or load_outbrain_settings().snapshot
-    return plan_snapshot_run(settings, pipeline=PIPELINE, knobs_of=knobs_of, params=params, run_type=run_type,
-                             snapshot=lambda: snapshot_identity(settings, name))
+    run = plan_snapshot_run(settings, pipeline=PIPELINE, knobs_of=knobs_of, params=params, run_type=run_type,
+                            snapshot=lambda: snapshot_identity(settings, name))
+    return None if run is None else {**run, "engine": engine}
 
 
 def trainer_config(knobs: dict[str, Any]) -> dict[str, Any]:
@@ -74,14 +78,14 @@ def run_paths(settings: Settings, run_id: str) -> RunPaths:
 
 
 def features_dir(settings: Settings, run: dict[str, Any]) -> Path:
-    """The features dataset of a run, keyed by what it depends on (the snapshot, the feature code's rules version
-    and the feature knobs): runs that change only model knobs share it, and a retry finds it complete."""
+    """The features dataset of a run, keyed by what it depends on (the snapshot, the feature code's rules version,
+    the engine and the feature knobs): runs that change only model knobs share it, and a retry finds it complete."""
     from tasks.outbrain.features import FEATURES_RULES_VERSION
     from tasks.outbrain.profiles import FEATURE_KNOBS
 
     window, knobs = run["window"], run["knobs"]
     key = fingerprint({"snapshot": window["snapshot"], "rules": FEATURES_RULES_VERSION,
-                       **{name: knobs[name] for name in FEATURE_KNOBS}})
+                       "engine": run.get("engine", "spark"), **{name: knobs[name] for name in FEATURE_KNOBS}})
     return dataset_stage_dir(settings.data_root, DATASET, "features") / f"{window['dataset']}-{key[:16]}"
 
 
@@ -96,7 +100,7 @@ def build_features(settings: Settings, run: dict[str, Any], *, spark_master: str
     snapshot_identity(settings, name)  # the snapshot may have been removed since resolve_run
     return build(settings, layout.validated_dir(settings.data_root, name), features_dir(settings, run),
                  seed=knobs["split_seed"], prebatch_size=knobs["prebatch_size"], shards=knobs["tfrecord_shards"],
-                 spark_master=spark_master)
+                 engine=run.get("engine", "spark"), spark_master=spark_master)
 
 
 def validate_dataset(settings: Settings, run: dict[str, Any]) -> dict[str, Any]:
@@ -178,7 +182,8 @@ def lineage(settings: Settings, run_id: str, run: dict[str, Any], params: dict[s
     return {
         "pipeline": PIPELINE, "run_id": run_id, "dataset": name, "snapshot": run["window"]["snapshot"],
         "snapshot_inputs": validated.get("inputs"), "profile": run["profile"], "knobs": run["knobs"],
-        "params": params, "trainer_config": trainer_config(run["knobs"]), "workers": run["workers"],
+        "features_engine": run.get("engine", "spark"), "params": params,
+        "trainer_config": trainer_config(run["knobs"]), "workers": run["workers"],
         "code_version": code_version(),
         "features": (read_manifest(features_dir(settings, run)) or {}).get("inputs_fingerprint"),
         "gate": json.loads(gate_file.read_text()) if gate_file.is_file() else None,
@@ -187,8 +192,8 @@ def lineage(settings: Settings, run_id: str, run: dict[str, Any], params: dict[s
 
 def publishable_files(settings: Settings, run_id: str, run: dict[str, Any]) -> dict[str, Path]:
     """Everything a version needs to score raw Outbrain rows on its own (tasks/outbrain/predict.py): the weights and
-    model config, the FeatureSpec, the feature statistics fitted on the train split, plus the training curves, log
-    and the gate's record."""
+    model config, the FeatureSpec, the feature statistics fitted on the train split (Spark's tables, or NVTabular's
+    saved Workflow under stats/nvt_workflow/), plus the training curves, log and the gate's record."""
     from tasks.outbrain.predict import model_files
 
     paths = run_paths(settings, run_id)
