@@ -175,7 +175,7 @@ def figures(data: EndToEndData) -> list[Figure]:
     floor = Stat.of(data.floor)
     floor_name = "pyarrow read_csv of the same 3 days, all cores"
     rows = []
-    for engine in ENGINES:
+    for engine in [e for e in ENGINES if data.of(e)]:  # the engines this run measured
         runs = data.of(engine)
         end_to_end = Stat.of([r.rows / r.end_to_end_seconds for r in runs])
         retrain = Stat.of([r.rows / r.retrain_only_seconds for r in runs])

@@ -57,6 +57,7 @@ import pandas as pd
 from nvt_jobs.common import add_device_args, configure_logging, dask_cluster, dataset, resolve_device, run_job
 from nvt_jobs.outbrain_ops import (document_similarity, exact_fill_median, nullable_join_groupby, value_hash_bucket,
                                   value_hashes)
+from spark_jobs.outbrain import features as spark_features
 from tasks.core.xxhash import spark_xxhash64
 from tasks.outbrain.features import (CTR_THRESHOLDS, DISPLAY_ID, HASH_BUCKET_SIZES, LABEL, MULTIHOT_COLUMNS,
                                      NUMERIC_COLUMNS, ONEHOT_COLUMNS, RAW_AD_ID, TRAIN_MAX_DAY, VALID_FRACTION)
@@ -64,7 +65,7 @@ from tasks.outbrain.schema import DAY_MS, TIMESTAMP_ORIGIN_MS
 
 log = logging.getLogger("recflow.nvt.outbrain")
 
-STATS_DIR, PARQUET_DIR, STATS_FILE = "stats", "parquet", "stats.json"
+STATS_DIR, PARQUET_DIR, STATS_FILE = spark_features.STATS_DIR, spark_features.PARQUET_DIR, spark_features.STATS_FILE
 WORKFLOW_DIR = "nvt_workflow"  # under stats/: what a published version carries
 CTR_INPUTS = list(CTR_THRESHOLDS)
 COUNT_FEATURES = ("ad_id", "document_id_promo")  # <key>_count: log(1 + train views), normalised
@@ -87,23 +88,9 @@ class FeaturesResult:
 
 
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m nvt_jobs.outbrain",
-                                     description="Outbrain tables -> Wide & Deep features (NVTabular)")
-    add_device_args(parser)
-    parser.add_argument("mode", choices=("fit", "transform"))
-    parser.add_argument("--tables", required=True, type=Path, help="directory of <table>/part-*.parquet")
-    parser.add_argument("--clicks-table", default=None, help="default: clicks_train (fit), clicks_test (transform)")
-    parser.add_argument("--output", required=True, type=Path, help="where to write (the caller makes it atomic)")
-    parser.add_argument("--stats", type=Path, help="transform: the stats/ directory a fit wrote")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the split and of train's row order")
-    parser.add_argument("--parquet-files", type=int, default=8, help="part files per mapping")
-    args = parser.parse_args(argv)
-    if args.mode == "transform" and args.stats is None:
-        parser.error("transform needs --stats (the stats/ directory of a fitted features dataset)")
-    if args.seed < 0 or args.parquet_files < 1:
-        parser.error("--seed must be >= 0 and --parquet-files >= 1")
-    args.clicks_table = args.clicks_table or ("clicks_train" if args.mode == "fit" else "clicks_test")
-    return args
+    """The Spark job's command line (spark_jobs/outbrain/features.py), plus --device and --workers."""
+    return spark_features.parse_args(argv, description="Outbrain tables -> Wide & Deep features (NVTabular)",
+                                     extend=add_device_args)
 
 
 # ---- the split, as the Spark path draws it --------------------------------------------------------------------

@@ -61,12 +61,15 @@ def spark():
 
 # `make test` runs two lanes side by side (pytest-xdist, `-n 2 --dist loadgroup`): the tests under
 # tests/integration/ and tests/browser/, which mostly wait on the services they start (Airflow schedulers,
-# PostgreSQL, Redis, a Spark cluster, an api-server and Chromium), in one worker, everything else in the other, each
+# PostgreSQL, Redis, a Spark cluster, an api-server and Chromium), plus two e2e modules, in one worker, everything
+# else in the other, each
 # lane in collection order. Each of those tests starts its services on free ports with its own AIRFLOW_HOME and
 # database, so the lanes share nothing but the cores. The lanes are chosen here by path rather than by xdist_group
 # marks: xdist 3.8 names a group by rewriting Item._nodeid, which pytest 9.2's nodeid no longer reads. A plain
 # `pytest` (no -n) is one lane.
-IO_LANE_DIRS = ("tests/integration/", "tests/browser/")
+IO_LANE_DIRS = ("tests/integration/", "tests/browser/",
+                # two long e2e modules (Airflow in a child process, ~3 min each) balance the lanes' times
+                "tests/test_e2e_criteo_dlrm.py", "tests/test_e2e_outbrain_wide_deep.py")
 
 
 @pytest.hookimpl(tryfirst=True)

@@ -50,7 +50,7 @@ import argparse
 import json
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -77,8 +77,13 @@ class FeaturesResult:
     stats: dict
 
 
-def parse_args(argv: Sequence[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description="Outbrain tables -> Wide & Deep features")
+def parse_args(argv: Sequence[str], *, description: str = "Outbrain tables -> Wide & Deep features",
+               extend: Callable[[argparse.ArgumentParser], None] | None = None) -> argparse.Namespace:
+    """The features job's command line, shared by the engines: `extend` adds an engine's own options (nvt_jobs/
+    outbrain.py: --device, --workers)."""
+    parser = argparse.ArgumentParser(description=description)
+    if extend is not None:
+        extend(parser)
     parser.add_argument("mode", choices=("fit", "transform"))
     parser.add_argument("--tables", required=True, type=Path, help="directory of <table>/part-*.parquet")
     parser.add_argument("--clicks-table", default=None, help="default: clicks_train (fit), clicks_test (transform)")

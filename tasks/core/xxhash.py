@@ -1,6 +1,6 @@
-"""Spark SQL's xxhash64 (org.apache.spark.sql.catalyst.expressions.XxHash64, seed 42) in numpy, vectorised: engines
-that must order or split rows exactly as a Spark job does (tasks/criteo/preprocess_arrow.py, nvt_jobs/outbrain.py)
-compute the same hashes without a JVM. numpy only, so NVTabular's environment imports it too."""
+"""Spark SQL's xxhash64 (org.apache.spark.sql.catalyst.expressions.XxHash64, seed 42) in numpy, vectorised: the
+engines that must order or split rows exactly as a Spark job does compute the same hashes without a JVM. numpy
+only, so NVTabular's environment imports it too."""
 
 from __future__ import annotations
 
