@@ -303,3 +303,40 @@ def test_run_spark_job_failure_names_the_job_and_error(tmp_path: Path, monkeypat
     pythonpath = [m for m in messages if m.startswith("[spark day=0] pythonpath ")][0]
     assert str(spark_submit.REPO_ROOT) in pythonpath.split(" ", 3)[-1].split(os.pathsep)
     assert any(m.startswith("[spark day=0] argv --master local[*]") for m in messages)
+
+
+@pytest.mark.parametrize("master", [None, "", "local", "local[*]", "local[2]", "local[4,2]", " LOCAL[*] ",
+                                    "local-cluster[2,1,1024]"])
+def test_a_local_or_unset_master_is_local(master: str | None) -> None:
+    assert spark_submit.spark_master_is_local(master)
+
+
+@pytest.mark.parametrize("master", ["spark://head:7077", "yarn", "k8s://https://api:6443", "mesos://m:5050"])
+def test_a_cluster_master_is_not_local(master: str) -> None:
+    assert not spark_submit.spark_master_is_local(master)
+
+
+def test_engine_for_master_defaults_by_master_and_explicit_choices_win(monkeypatch: pytest.MonkeyPatch,
+                                                                       caplog: pytest.LogCaptureFixture) -> None:
+    monkeypatch.delenv("RECFLOW_X_ENGINE", raising=False)
+    engines = ("spark", "arrow")
+
+    def choose(engine: str | None, master: str | None, profile: str = "local") -> str:
+        return spark_submit.choose_engine_for_master("x", engine, "RECFLOW_X_ENGINE", engines, master, profile)
+
+    with caplog.at_level(logging.INFO, logger="tasks.core.spark_submit"):
+        assert choose(None, "local[*]") == "arrow"
+    assert "x engine: arrow (default on one machine: Spark master local[*], profile local)" in caplog.messages
+    assert choose(None, None) == "arrow"
+    assert choose(None, "spark://head:7077") == "spark"
+    assert choose(None, "local[*]", "gpu") == "spark"  # a GPU profile asks for the RAPIDS jobs
+    assert choose("spark", "local[*]") == "spark"
+    assert choose("arrow", "yarn") == "arrow"
+    monkeypatch.setenv("RECFLOW_X_ENGINE", "spark")
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="tasks.core.spark_submit"):
+        assert choose(None, "local[*]") == "spark"
+    assert "x engine: spark (set by RECFLOW_X_ENGINE)" in caplog.messages
+    monkeypatch.setenv("RECFLOW_X_ENGINE", "pandas")
+    with pytest.raises(ValueError, match="RECFLOW_X_ENGINE 'pandas'"):
+        choose(None, "local[*]")

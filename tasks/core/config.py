@@ -242,8 +242,13 @@ class DatasetSource:
 def choose_engine(engine: str | None, env_var: str, engines: tuple[str, ...], default: str = "spark") -> str:
     """A pipeline's preprocessing engine: the one given, else the deployment's env_var, else `default`; a bad one is
     a ValueError naming where it came from."""
-    chosen = engine or os.environ.get(env_var) or default
+    return engine_choice(engine, env_var, engines, default)[0]
+
+
+def engine_choice(engine: str | None, env_var: str, engines: tuple[str, ...], default: str) -> tuple[str, str]:
+    """choose_engine's engine and where it came from: "asked for", the env_var's name, or "default"."""
+    from_env = os.environ.get(env_var)
+    chosen, where = (engine, "asked for") if engine else (from_env, env_var) if from_env else (default, "default")
     if chosen not in engines:
-        where = "engine" if engine else env_var
-        raise ValueError(f"{where} {chosen!r}: expected one of {', '.join(engines)}")
-    return chosen
+        raise ValueError(f"{'engine' if engine else env_var} {chosen!r}: expected one of {', '.join(engines)}")
+    return chosen, where

@@ -45,7 +45,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tasks.core.config import REPO_ROOT
+from tasks.core.config import REPO_ROOT, engine_choice
 from tasks.core.process import run_streaming
 from tasks.core.storage import atomic_file
 
@@ -310,6 +310,32 @@ class GpuFallbacks:
         lines = [f"RAPIDS explain of {job}: {len(self.counts)} operator(s)/expression(s) would not run on the GPU"]
         lines += [f"  NOT_ON_GPU {kind} <{name}> (x{count}): {reason}" for (kind, name, reason), count in ordered]
         return lines
+
+
+def spark_master_is_local(master: str | None) -> bool:
+    """Whether a Spark master runs everything on this machine: none configured (empty / None: Spark's own default
+    is local[*]) or local, local[N], local[*], local[N,F], local-cluster[...]. Any other master (spark://, yarn,
+    k8s://, mesos://) is a cluster."""
+    return not master or master.strip().lower().startswith("local")
+
+
+def choose_engine_for_master(what: str, engine: str | None, env_var: str, engines: tuple[str, ...],
+                             spark_master: str | None, spark_profile: str = "local", *,
+                             one_machine: str = "arrow") -> str:
+    """The engine of a step that can run as Spark jobs or on one machine (`one_machine`, e.g. arrow): the one
+    asked for, else env_var, else `one_machine` when the Spark master is local (spark_master_is_local) and the
+    profile is the local one, else spark (a cluster master, or a cluster / GPU profile, asks for Spark's jobs).
+    Logs the choice and its reason as one line; a bad engine is a ValueError naming where it came from."""
+    local = spark_master_is_local(spark_master) and spark_profile == "local"
+    default = one_machine if local else "spark"
+    chosen, where = engine_choice(engine, env_var, engines, default)
+    if where == "default":
+        where = (f"default on one machine: Spark master {spark_master or 'unset'}, profile {spark_profile}" if local
+                 else f"default with Spark master {spark_master or 'unset'} and profile {spark_profile}")
+    elif where != "asked for":
+        where = f"set by {where}"
+    log.info("%s engine: %s (%s)", what, chosen, where)
+    return chosen
 
 
 class SparkJobFailed(RuntimeError):
