@@ -12,9 +12,10 @@ through its own dictionary; a failed gate skips publishing) → `publish` (a sel
 dictionary, preprocessing, FeatureSpec, export; `latest` moved last). `python -m tasks.criteo.predict` scores raw
 rows with any published version.
 
-Preprocessing engine (`engine`): `spark` (the default; CPU, or GPU through the RAPIDS Accelerator with the gpu Spark
-profile), `arrow` (the same jobs on one machine without a JVM) or `nvtabular` (NVIDIA's NVTabular workflow for DLRM,
-run in NVTabular's own environment, on the GPU where the worker has one). All three write the same dataset and
+Preprocessing engine (`engine`): `arrow` (the same jobs on one machine without a JVM; the default when the
+`spark_default` connection names no master or a local[...] one), `spark` (the default with a cluster master or a
+cluster / gpu Spark profile; CPU, or GPU through the RAPIDS Accelerator with the gpu profile) or `nvtabular`
+(NVIDIA's NVTabular workflow for DLRM, run in NVTabular's own environment, on the GPU where the worker has one). All three write the same dataset and
 dictionary (docs/nvtabular.md); an nvtabular model also publishes its fitted workflow.
 
 Configuration: a `profile` (`full`: NVIDIA's recipe, the default of scheduled runs; `demo`: one CPU machine) gives
@@ -73,7 +74,9 @@ record_failure = failure_callback("criteo_dlrm")
         "engine": engine_param(PREPROCESS_ENGINES, ENGINE_ENV,
                                "spark: the Spark jobs (CPU, or GPU with the gpu Spark profile); arrow: the same "
                                "output on one machine without a JVM; nvtabular: NVIDIA's NVTabular workflow in its "
-                               "own environment (GPU when the worker has one). All three write the same dataset."),
+                               "own environment (GPU when the worker has one). All three write the same dataset.",
+                               default="arrow on one machine (spark_default names no master or a local[...] one, "
+                                       "local Spark profile), else spark"),
         **knob_params(KNOBS, PROFILES),
         **release_params("criteo_dlrm"),
     },
@@ -85,7 +88,8 @@ def criteo_dlrm():
         from tasks.dagkit import fail_without_retry
 
         run_type = str(getattr(context["dag_run"].run_type, "value", context["dag_run"].run_type))
-        return fail_without_retry(ValueError)(resolve)(load_settings(), dict(context["params"]), run_type)
+        return fail_without_retry(ValueError)(resolve)(load_settings(), dict(context["params"]), run_type,
+                                                       spark_master=spark_master())
 
     @task(**SPARK_TASK)
     def build_dictionary(run: dict, **context) -> dict:

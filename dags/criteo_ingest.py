@@ -3,9 +3,10 @@
 
 `download` (file / http(s) / s3; resumable, checksummed) → `validate_raw` (every row checked, bad rows
 quarantined, Great Expectations report; fails when bad rows exceed the budget) → `day_stats` (typed parquet copy +
-categorical value counts). With the default `arrow` engine (`RECFLOW_CRITEO_DAY_STATS_ENGINE`) validate_raw writes
-the stats in the same pass over the rows, so the day is parsed once and day_stats only checks they are complete;
-with `spark` day_stats runs a Spark job (spark-submit, e.g. on a cluster). The logical date picks the day (day 0 =
+categorical value counts). Engine (`RECFLOW_CRITEO_DAY_STATS_ENGINE`; by default `arrow` when the `spark_default`
+connection names no master or a local[...] one and the Spark profile is local, else `spark`): with `arrow`
+validate_raw writes the stats in the same pass over the rows, so the day is parsed once and day_stats only checks
+they are complete; with `spark` day_stats runs a Spark job (spark-submit, e.g. on a cluster). The logical date picks the day (day 0 =
 `RECFLOW_CRITEO_EPOCH`); the `day` param overrides it for manual runs. Outputs live under the data root keyed by day, each with a manifest; re-running a
 finished day does no work. Each finished day emits an event on the `criteo_day_stats` asset.
 
@@ -76,7 +77,8 @@ def criteo_ingest():
 
         settings = load_settings()
         validate = fail_without_retry(DataQualityError)(validate_day)
-        return validate(settings, downloaded["day"], bad_row_budget=context["params"]["bad_row_budget"])
+        return validate(settings, downloaded["day"], bad_row_budget=context["params"]["bad_row_budget"],
+                        spark_master=spark_master())
 
     @task(**SPARK_TASK, outlets=[CRITEO_DAY_STATS])
     def day_stats(validated: dict, **context) -> dict:

@@ -203,7 +203,7 @@ def criteo_demo_data(args: argparse.Namespace, settings: Settings, steps: Steps)
 
 
 def criteo_ingest(args: argparse.Namespace, settings: Settings, steps: Steps) -> None:
-    from tasks.criteo.ingest import day_stats
+    from tasks.criteo.ingest import day_stats, day_stats_engine
 
     days = [args.day] if args.day is not None else args.days
     if args.source and len(days) > 1 and "{day}" not in args.source:
@@ -213,25 +213,34 @@ def criteo_ingest(args: argparse.Namespace, settings: Settings, steps: Steps) ->
         raise ValueError("--expected-sha256 checks one file: ingest one day with it")
     if args.day_stats_engine is not None and not _engine_kwargs(args, day_stats):
         raise ValueError("--day-stats-engine: this version's day_stats has no engine choice (it always runs Spark)")
+    # One choice for every day (logged once, with its reason): each worker gets it as an explicit engine.
+    engine = day_stats_engine(args.day_stats_engine, args.spark_master, settings.spark_profile)
+    args = argparse.Namespace(**{**vars(args), "day_stats_engine": engine})
     jobs = min(args.jobs, len(days))
     if jobs <= 1:
         for day in days:
             _ingest_day(args, settings, day, steps)
         return
     # Days in parallel, each in its own process (a day's steps stay in order; days are independent, as the DAG's
-    # runs are). Spawned, not forked: the parent may hold library threads (pyarrow's pools).
+    # runs are). Spawned, not forked: the parent may hold library threads (pyarrow's pools). A Spark day_stats
+    # step runs here, one day at a time, as each day's validation finishes: a local Spark JVM takes every core
+    # itself, so N of them at once would fight over the cores (issue #27).
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
 
-    log.info("ingesting %d days in %d processes", len(days), jobs)
+    spark_here = engine == "spark"
+    log.info("ingesting %d days in %d processes%s", len(days), jobs,
+             "; day_stats by Spark one day at a time in this process" if spark_here else "")
     level = logging.getLogger().level
     with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn"), initializer=_worker_logging,
                              initargs=(level,)) as pool:
-        futures = [pool.submit(_ingest_day_records, args, settings, day) for day in days]
+        futures = [pool.submit(_ingest_day_records, args, settings, day, not spark_here) for day in days]
         failed = None
-        for future in futures:  # in day order: the report lists each day's steps together
+        for day, future in zip(days, futures):  # in day order: the report lists each day's steps together
             try:
                 steps.records += future.result()
+                if spark_here and failed is None:
+                    _day_stats_step(args, settings, day, steps)
             except Exception as error:  # the day's records travel on the error (see _ingest_day_records)
                 steps.records += getattr(error, "recflow_records", [])
                 failed = failed or error
@@ -247,23 +256,32 @@ def _engine_kwargs(args: argparse.Namespace, step: Callable[..., Any]) -> dict[s
     return {"engine": args.day_stats_engine} if takes else {}
 
 
-def _ingest_day(args: argparse.Namespace, settings: Settings, day: int, steps: Steps) -> None:
-    from tasks.criteo.ingest import day_stats, download_day, validate_day
+def _ingest_day(args: argparse.Namespace, settings: Settings, day: int, steps: Steps,
+                with_day_stats: bool = True) -> None:
+    from tasks.criteo.ingest import download_day, validate_day
 
     source = args.source.replace("{day}", str(day)) if args.source else None
     steps.run("download_day", download_day, settings, day, source=source,
               expected_sha256=args.expected_sha256, aws_conn_id=args.aws_conn_id, label=f"day {day}")
     steps.run("validate_day", validate_day, settings, day, bad_row_budget=args.bad_row_budget,
               label=f"day {day}", **_engine_kwargs(args, validate_day))
+    if with_day_stats:
+        _day_stats_step(args, settings, day, steps)
+
+
+def _day_stats_step(args: argparse.Namespace, settings: Settings, day: int, steps: Steps) -> None:
+    from tasks.criteo.ingest import day_stats
+
     steps.run("day_stats", day_stats, settings, day, spark_master=args.spark_master, label=f"day {day}",
               **_engine_kwargs(args, day_stats))
 
 
-def _ingest_day_records(args: argparse.Namespace, settings: Settings, day: int) -> list[StepRecord]:
+def _ingest_day_records(args: argparse.Namespace, settings: Settings, day: int,
+                        with_day_stats: bool = True) -> list[StepRecord]:
     """One day's steps in a worker process; its step records, also attached to an error (pickled with it)."""
     steps = Steps()
     try:
-        _ingest_day(args, settings, day, steps)
+        _ingest_day(args, settings, day, steps, with_day_stats)
     except Exception as error:
         error.recflow_records = steps.records
         raise
@@ -286,8 +304,9 @@ def criteo_preprocess(args: argparse.Namespace, settings: Settings, steps: Steps
               "train_days": ",".join(map(str, args.train_days)) if args.train_days else None,
               "frequency_threshold": args.frequency_threshold, "threshold_overrides": args.threshold_overrides,
               "dictionary_days": args.dictionary_days, "seed": args.seed}
-    run = steps.run("resolve_run", dlrm.resolve_run, settings, params)
-    engine = {"engine": args.engine} if args.engine else {}  # else the task functions' default (the environment)
+    run = steps.run("resolve_run", dlrm.resolve_run, settings, {**params, "engine": args.engine},
+                    spark_master=args.spark_master)
+    engine = {"engine": run["engine"]}  # resolve_run's choice (asked for, else the setting, else by Spark master)
     knobs, train_days, test_day = run["knobs"], run["train_days"], run["test_day"]
     if args.out:
         paths = dlrm.RunPaths(args.out.expanduser().resolve())
@@ -322,8 +341,9 @@ def add_criteo_commands(pipelines: argparse._SubParsersAction) -> None:
     _source_options(p, "source of the day file, {day} replaced by the day")
     p.add_argument("--expected-sha256", default=None, help="checksum of the source file (one day only)")
     p.add_argument("--day-stats-engine", choices=DAY_STATS_ENGINES, default=None,
-                   help="how day stats are computed (default: RECFLOW_CRITEO_DAY_STATS_ENGINE; arrow: in "
-                        "validation's pass; spark: a spark-submit)")
+                   help="how day stats are computed (default: RECFLOW_CRITEO_DAY_STATS_ENGINE, else arrow with a "
+                        "local --spark-master, spark with a cluster one; arrow: in validation's pass; spark: a "
+                        "spark-submit per day, one at a time with --jobs)")
     p.add_argument("--jobs", type=positive, default=1,
                    help="days ingested at once, each in its own process (default 1; the machine's cores is the "
                         "useful most)")
@@ -345,7 +365,8 @@ def add_criteo_commands(pipelines: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=non_negative, default=None, help="seed of the train rows' shuffle")
     p.add_argument("--engine", choices=("spark", "arrow", "nvtabular"), default=None,
                    help="who builds the dictionary and the dataset (default: RECFLOW_CRITEO_PREPROCESS_ENGINE, else "
-                        "spark; arrow: pyarrow + numpy in this process; nvtabular: NVIDIA's NVTabular workflow in "
+                        "arrow with a local --spark-master and Spark profile, spark with a cluster one; arrow: "
+                        "pyarrow + numpy in this process; nvtabular: NVIDIA's NVTabular workflow in "
                         ".venv-nvtabular, `make nvt-env`; same output)")
     _spark_options(p)
 

@@ -252,7 +252,6 @@ def test_parallel_ingest_writes_what_a_serial_one_does_and_fails_with_one_line(t
     assert step_results(doc, "day_stats")[0]["cached"] is True  # day 2, already ingested
 
 
-@pytest.mark.spark
 @pytest.mark.slow
 def test_criteo_ingest_and_preprocess_end_to_end_then_cached(tmp_path):
     data, out = tmp_path / "data", tmp_path / "window"
@@ -305,3 +304,57 @@ def test_criteo_ingest_and_preprocess_end_to_end_then_cached(tmp_path):
     assert {p: p.stat().st_mtime_ns for p in (out / "dataset").rglob("*") if p.is_file()} == dataset_files
     with pytest.raises(SystemExit, match="cached"):
         measured_steps(doc, out)
+
+
+class _StopBeforeSpark(Exception):
+    pass
+
+
+def test_engines_follow_the_spark_master_and_parallel_ingest_runs_spark_one_day_at_a_time(tmp_path, monkeypatch,
+                                                                                          capsys):
+    """No engine flag: a cluster --spark-master gets Spark for day stats and preprocessing; with --jobs 2 the
+    workers validate and this process runs the Spark day_stats steps one at a time (two local JVMs would fight
+    over the cores). A local master gets arrow for both."""
+    import os
+    import time
+
+    from tasks.criteo import ingest, preprocess
+
+    for name in ("RECFLOW_CRITEO_DAY_STATS_ENGINE", "RECFLOW_CRITEO_PREPROCESS_ENGINE", "RECFLOW_SPARK_PROFILE"):
+        monkeypatch.delenv(name, raising=False)
+    data, cluster = tmp_path / "data", "spark://nowhere.invalid:7077"
+    assert cli.main(["--data-root", str(data), "-q", "criteo", "demo-data", "--days", "0-2", "--rows", "300"]) == 0
+    real_day_stats, calls = ingest.day_stats, []
+
+    def day_stats_here(settings, day, *, engine=None, **kwargs):  # Spark's stand-in: the same stats, by arrow
+        calls.append({"day": day, "engine": engine, "pid": os.getpid(), "start": time.monotonic()})
+        result = real_day_stats(settings, day, engine="arrow")
+        calls[-1]["end"] = time.monotonic()
+        return result
+
+    monkeypatch.setattr(ingest, "day_stats", day_stats_here)
+    out = tmp_path / "ingest.json"
+    assert cli.main(["--data-root", str(data), "--json", str(out), "criteo", "ingest", "--days", "0-2", "--jobs", "2",
+                     "--spark-master", cluster]) == 0
+    assert "criteo day stats engine: spark (default with Spark master spark://" in capsys.readouterr().err
+    assert [(c["day"], c["engine"], c["pid"]) for c in calls] == [(d, "spark", os.getpid()) for d in range(3)]
+    assert all(a["end"] <= b["start"] for a, b in zip(calls, calls[1:]))  # one at a time
+    assert [r["step"] for r in report(out)["steps"]] == ["download_day", "validate_day", "day_stats"] * 3
+    monkeypatch.setattr(ingest, "day_stats", real_day_stats)
+
+    def spark_dictionary(*args, engine=None, **kwargs):
+        assert engine == "spark"
+        raise _StopBeforeSpark
+
+    with monkeypatch.context() as patch:
+        patch.setattr(preprocess, "build_dictionary", spark_dictionary)
+        with pytest.raises(_StopBeforeSpark):
+            cli.main(["--data-root", str(data), "criteo", "preprocess", "--train-days", "0-1", "--test-day", "2",
+                      "--profile", "demo", "--spark-master", cluster])
+    out = tmp_path / "preprocess.json"
+    assert cli.main(["--data-root", str(data), "--json", str(out), "criteo", "preprocess", "--train-days", "0-1",
+                     "--test-day", "2", "--profile", "demo", "--out", str(tmp_path / "window")]) == 0
+    assert "criteo preprocess engine: arrow (default on one machine: Spark master local[*]" in capsys.readouterr().err
+    doc = report(out)
+    assert [r["engine"] for r in step_results(doc, "build_dictionary") + step_results(doc, "transform_dataset")] == [
+        "arrow", "arrow"]

@@ -332,7 +332,7 @@ def test_gpu_profile_keeps_nvidias_join_per_column(monkeypatch, tmp_path):
     for profile in ("local", "cluster", "gpu", "gpu-explain"):
         with pytest.raises(RuntimeError, match="stop before"):
             criteo_preprocess.transform_dataset(Settings(data_root=tmp_path), tmp_path / profile, tmp_path / "dict",
-                                                [0], 1, spark_profile=profile)
+                                                [0], 1, spark_profile=profile, engine="spark")
     assert seen == {"local": "arrow", "cluster": "arrow", "gpu": "join", "gpu-explain": "join"}
 
 
@@ -363,7 +363,7 @@ def test_tasks_name_the_day_without_stats(window, tmp_path):
 def test_spark_submit_end_to_end_then_cached(window, dataset, monkeypatch):
     settings = Settings(data_root=window)
     run = layout.run_dir(window, "criteo_dlrm", "manual__2026-01-03T00:00:00+00:00")
-    submit = {"spark_master": "local[2]", "spark_profile": "local",
+    submit = {"spark_master": "local[2]", "spark_profile": "local", "engine": "spark",  # local: arrow unless pinned
               "spark_conf": {"spark.sql.shuffle.partitions": "3", "spark.driver.memory": "1g"}}
     built = criteo_preprocess.build_dictionary(settings, run / "dictionary", [0, 1], TEST_DAY,
                                                frequency_threshold=THRESHOLD, **submit)

@@ -8,6 +8,7 @@ many blocks and the streaming paths (row group per block, part files, spilled co
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -180,14 +181,44 @@ def test_parts_roll_over_every_few_blocks(validated, tmp_path):
 # ---- the engine setting -------------------------------------------------------------------------------------------
 
 
-def test_engine_setting_comes_from_the_environment():
-    assert CriteoSettings().day_stats_engine == "arrow"
-    assert load_criteo_settings({}).day_stats_engine == "arrow"
+def test_engine_setting_comes_from_the_environment(monkeypatch):
+    assert CriteoSettings().day_stats_engine == ""  # empty: by the Spark master
+    assert load_criteo_settings({}).day_stats_engine == ""
     assert load_criteo_settings({"RECFLOW_CRITEO_DAY_STATS_ENGINE": "spark"}).day_stats_engine == "spark"
     with pytest.raises(ValueError, match="RECFLOW_CRITEO_DAY_STATS_ENGINE 'duckdb': expected one of arrow, spark"):
         load_criteo_settings({"RECFLOW_CRITEO_DAY_STATS_ENGINE": "duckdb"})
     with pytest.raises(ValueError, match="'Spark'"):
         criteo_ingest.day_stats(Settings(), DAY, engine="Spark")
+    monkeypatch.setenv("RECFLOW_CRITEO_DAY_STATS_ENGINE", "duckdb")
+    with pytest.raises(ValueError, match="RECFLOW_CRITEO_DAY_STATS_ENGINE 'duckdb'"):
+        criteo_ingest.day_stats_engine(None, "local[*]")
+
+
+def test_engine_default_is_arrow_on_a_local_master_and_spark_on_a_cluster(monkeypatch, caplog):
+    monkeypatch.delenv("RECFLOW_CRITEO_DAY_STATS_ENGINE", raising=False)
+    with caplog.at_level(logging.INFO, logger="tasks.core.spark_submit"):
+        assert criteo_ingest.day_stats_engine(None, "local[*]") == "arrow"
+        assert criteo_ingest.day_stats_engine(None, None) == "arrow"
+        assert criteo_ingest.day_stats_engine(None, "spark://head:7077") == "spark"
+        assert criteo_ingest.day_stats_engine(None, "local[2]", "cluster") == "spark"
+        assert criteo_ingest.day_stats_engine("arrow", "yarn") == "arrow"  # asked for: wins
+    assert caplog.messages[0] == ("criteo day stats engine: arrow (default on one machine: Spark master local[*], "
+                                  "profile local)")
+    assert caplog.messages[2].startswith("criteo day stats engine: spark (default with Spark master spark://")
+    monkeypatch.setenv("RECFLOW_CRITEO_DAY_STATS_ENGINE", "arrow")
+    assert criteo_ingest.day_stats_engine(None, "spark://head:7077") == "arrow"  # the deployment's setting wins
+
+
+def test_validation_on_a_cluster_master_leaves_the_stats_to_spark(tmp_path, monkeypatch):
+    """The default engine follows the master: validate_day on a cluster master writes no stats (Spark's day_stats
+    job will), on a local one it writes them in its pass."""
+    monkeypatch.delenv("RECFLOW_CRITEO_DAY_STATS_ENGINE", raising=False)
+    cluster, local = tmp_path / "cluster", tmp_path / "local"
+    for root, master in ((cluster, "spark://head:7077"), (local, "local[2]")):
+        write_day(root)
+        criteo_ingest.validate_day(settings_for(root), DAY, spark_master=master)
+    assert not criteo_layout.stats_day(cluster, DAY).exists()
+    assert read_manifest(criteo_layout.stats_day(local, DAY))["extra"]["engine"] == "arrow"
 
 
 def test_spark_engine_validation_writes_no_stats_and_arrow_day_stats_recovers_them(validated, tmp_path, monkeypatch):

@@ -79,11 +79,14 @@ def resolve_window(settings: Settings, train_days: str, test_day: int | None, wi
     return {"train_days": days, "test_day": test_day}
 
 
-def resolve_run(settings: Settings, params: dict[str, Any], run_type: str = "manual") -> dict[str, Any] | None:
+def resolve_run(settings: Settings, params: dict[str, Any], run_type: str = "manual", *,
+                spark_master: str | None = "local[*]") -> dict[str, Any] | None:
     """What this run trains on and with, or None when there is nothing new to train (the DAG then skips every
     later task): the window and why (tasks.criteo.retrain.plan_run), the profile and every knob's value (the
     profile's, overridden by the params that are set), and the device / process count (params, else the
-    deployment's RECFLOW_TRAIN_DEVICE / RECFLOW_TRAIN_NPROC). Returned to XCom so every later step uses the same."""
+    deployment's RECFLOW_TRAIN_DEVICE / RECFLOW_TRAIN_NPROC), and the preprocessing engine (the param, else the
+    deployment's, else arrow on a local `spark_master`, spark on a cluster). Returned to XCom so every later step
+    uses the same."""
     from tasks.core.profiles import resolve_knobs
     from tasks.criteo.profiles import KNOBS, PROFILES
     from tasks.criteo.preprocess import preprocess_engine
@@ -101,7 +104,7 @@ def resolve_run(settings: Settings, params: dict[str, Any], run_type: str = "man
     framework = params.get("framework") or "pytorch"
     if framework not in FRAMEWORKS:
         raise ValueError(f"framework must be one of {sorted(FRAMEWORKS)}, got {framework!r}")
-    engine = preprocess_engine(params.get("engine"))  # the param, else the deployment's setting, else spark
+    engine = preprocess_engine(params.get("engine"), spark_master, settings.spark_profile)
     log.info("profile %s, preprocessing by %s, %s on %s x %d: %s", profile, engine, framework, device, nproc,
              ", ".join(f"{k}={v}" for k, v in knobs.items()))
     return {**window, "why": why, "profile": profile, "knobs": knobs, "nproc": nproc, "device": device,

@@ -3,8 +3,9 @@
 Each returns a small JSON-able dict (paths, counts, checksums) for XCom, and each is a no-op when its output
 already carries a manifest for the same inputs.
 
-Day stats engines (CriteoSettings.day_stats_engine, RECFLOW_CRITEO_DAY_STATS_ENGINE; an `engine` argument wins):
-  arrow (default)  validate_day writes the stats in its own pass over the rows (the day is parsed once);
+Day stats engines (an `engine` argument, else RECFLOW_CRITEO_DAY_STATS_ENGINE, else arrow when the Spark master is
+local and the Spark profile the local one, spark with a cluster master or profile: day_stats_engine):
+  arrow            validate_day writes the stats in its own pass over the rows (the day is parsed once);
                    day_stats then finds them complete. A day validated without them (by the spark engine, or
                    before this engine existed) gets them from day_stats by a second pyarrow pass.
   spark            validate_day writes no stats; day_stats spark-submits spark_jobs/criteo/day_stats.py.
@@ -22,7 +23,8 @@ from typing import Any
 
 from tasks.core.config import Settings
 from tasks.criteo import layout
-from tasks.criteo.settings import CriteoSettings, check_day_stats_engine, load_criteo_settings
+from tasks.core.spark_submit import choose_engine_for_master
+from tasks.criteo.settings import DAY_STATS_ENGINES, CriteoSettings, load_criteo_settings
 from tasks.core.storage import completed_manifest, file_sha256, fingerprint, partition_lock, read_manifest
 
 log = logging.getLogger(__name__)
@@ -76,9 +78,12 @@ def raw_identity(path: Path) -> dict[str, Any]:
     return {"file": path.name, "sha256": file_sha256(path), "bytes": path.stat().st_size}
 
 
-def day_stats_engine(engine: str | None) -> str:
-    """The engine asked for, else the configured one (RECFLOW_CRITEO_DAY_STATS_ENGINE)."""
-    return load_criteo_settings().day_stats_engine if engine is None else check_day_stats_engine(engine)
+def day_stats_engine(engine: str | None, spark_master: str | None = "local[*]", spark_profile: str = "local") -> str:
+    """The engine asked for, else RECFLOW_CRITEO_DAY_STATS_ENGINE, else arrow on one machine (a local Spark master
+    and profile) and spark otherwise; logged with its reason."""
+    load_criteo_settings()  # refuses a bad RECFLOW_CRITEO_DAY_STATS_ENGINE with the settings' own message
+    return choose_engine_for_master("criteo day stats", engine, "RECFLOW_CRITEO_DAY_STATS_ENGINE", DAY_STATS_ENGINES,
+                                    spark_master, spark_profile)
 
 
 def stats_inputs(validation_fingerprint: str, raw: Path) -> dict[str, Any]:
@@ -87,10 +92,11 @@ def stats_inputs(validation_fingerprint: str, raw: Path) -> dict[str, Any]:
 
 
 def validate_day(settings: Settings, day: int, *, bad_row_budget: float | None = None,
-                 engine: str | None = None) -> dict[str, Any]:
+                 engine: str | None = None, spark_master: str | None = "local[*]") -> dict[str, Any]:
     """Validate every row of the raw day; quarantine bad rows; fail if they exceed the budget. With the arrow
-    day-stats engine the same pass writes the day's stats (unless they are already complete for these inputs)."""
-    engine = day_stats_engine(engine)
+    day-stats engine (day_stats_engine: the default on a local `spark_master`) the same pass writes the day's stats
+    (unless they are already complete for these inputs)."""
+    engine = day_stats_engine(engine, spark_master, settings.spark_profile)
     budget = settings.bad_row_budget if bad_row_budget is None else bad_row_budget
     raw = layout.raw_day(settings.data_root, day)
     out = layout.validated_day(settings.data_root, day)
@@ -118,10 +124,10 @@ def day_stats(settings: Settings, day: int, *, engine: str | None = None, spark_
     """Typed columnar copy + categorical value counts of a validated day (under the day's lock).
 
     Cached when complete for the day's inputs (validate_day writes them with the arrow engine). Otherwise computed
-    by `engine` (None: the configured one): arrow parses the raw day again with pyarrow; spark runs
+    by `engine` (None: day_stats_engine's choice): arrow parses the raw day again with pyarrow; spark runs
     spark_jobs/criteo/day_stats.py by spark-submit on `spark_master` with `spark_profile` + `spark_conf`.
     """
-    engine = day_stats_engine(engine)
+    engine = day_stats_engine(engine, spark_master, spark_profile or settings.spark_profile)
     with day_lock(settings, day):
         return _day_stats(settings, day, engine=engine, spark_master=spark_master, spark_profile=spark_profile,
                           spark_conf=spark_conf)

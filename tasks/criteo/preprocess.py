@@ -9,8 +9,10 @@ Dictionary window: by default the dictionary is built over the train days only. 
 days 0-23, the test day included, which leaks the test day's vocabulary into training: a value first seen on the
 test day gets an embedding row (never trained) instead of 0. `dictionary_days="all"` reproduces NVIDIA exactly.
 
-Engine (`engine=`, else RECFLOW_CRITEO_PREPROCESS_ENGINE, else spark): `spark` spark-submits the jobs in spark_jobs/
-criteo/; `arrow` runs tasks.criteo.preprocess_arrow in this process with the same arguments (one machine, no JVM);
+Engine (`engine=`, else RECFLOW_CRITEO_PREPROCESS_ENGINE, else arrow when the Spark master is local and the profile
+is the local one, spark with a cluster master or profile: tasks.core.spark_submit.choose_engine_for_master): `spark`
+spark-submits the jobs in spark_jobs/criteo/; `arrow` runs tasks.criteo.preprocess_arrow in this process with the
+same arguments (one machine, no JVM);
 `nvtabular` fits and applies NVIDIA's NVTabular workflow for DLRM (nvt_jobs/criteo.py) in NVTabular's own
 environment (tasks.core.nvtabular), then orders, splits and writes its output with preprocess_arrow. Spark and arrow
 write the same output, so their cache key does not name the engine; nvtabular's dictionary also holds the fitted
@@ -28,8 +30,8 @@ from pathlib import Path
 from typing import Any
 
 from tasks.criteo import layout
-from tasks.core.config import Settings, choose_engine
-from tasks.core.spark_submit import GPU_PROFILES
+from tasks.core.config import Settings
+from tasks.core.spark_submit import GPU_PROFILES, choose_engine_for_master
 from tasks.criteo.ingest import StepInputMissing
 from tasks.criteo.schema import CAT_COLUMNS
 from tasks.core.storage import completed_manifest, fingerprint, read_manifest
@@ -87,10 +89,12 @@ def _check_overrides(overrides: Mapping[str, int] | None) -> dict[str, int]:
     return checked
 
 
-def preprocess_engine(engine: str | None) -> str:
-    """The engine given, else RECFLOW_CRITEO_PREPROCESS_ENGINE, else spark; a bad one is a ValueError naming its
-    origin."""
-    return choose_engine(engine, ENGINE_ENV, PREPROCESS_ENGINES)
+def preprocess_engine(engine: str | None, spark_master: str | None = "local[*]",
+                      spark_profile: str = "local") -> str:
+    """The engine given, else RECFLOW_CRITEO_PREPROCESS_ENGINE, else arrow on one machine (a local Spark master and
+    profile) and spark otherwise; logged with its reason. A bad one is a ValueError naming its origin."""
+    return choose_engine_for_master("criteo preprocess", engine, ENGINE_ENV, PREPROCESS_ENGINES, spark_master,
+                                    spark_profile)
 
 
 def _written_manifest(out_dir: Path, inputs: dict[str, Any], what: str) -> dict[str, Any]:
@@ -146,10 +150,11 @@ def build_dictionary(settings: Settings, out_dir: Path, train_days: Sequence[int
 
     dictionary_days: "train" (default) sums the train days' counts; "all" adds the test day, as NVIDIA does.
     threshold_overrides: per-column thresholds, e.g. {"cat_3": 2}; 0 keeps every value.
-    engine: spark | arrow | nvtabular (None: RECFLOW_CRITEO_PREPROCESS_ENGINE, else spark); part of the cache key
-    only for nvtabular (its output also holds the fitted workflow).
+    engine: spark | arrow | nvtabular (None: RECFLOW_CRITEO_PREPROCESS_ENGINE, else arrow on a local Spark master,
+    spark on a cluster: preprocess_engine); part of the cache key only for nvtabular (its output also holds the
+    fitted workflow).
     """
-    engine = preprocess_engine(engine)
+    engine = preprocess_engine(engine, spark_master, spark_profile or settings.spark_profile)
     days = _check_days(train_days, test_day)
     if dictionary_days not in DICTIONARY_DAYS:
         raise ValueError(f"dictionary_days {dictionary_days!r}: expected one of {DICTIONARY_DAYS}")
@@ -222,10 +227,10 @@ def transform_dataset(settings: Settings, out_dir: Path, dictionary_dir: Path, t
 
     broadcast_max_values and skew_cutoff_pct choose join strategies only (as does the profile: the GPU profile joins
     per column, CPU profiles look up in one Arrow pass); they do not change the output, so they are not part of the
-    cache key. engine: spark | arrow | nvtabular (None: RECFLOW_CRITEO_PREPROCESS_ENGINE, else spark); nvtabular needs a
-    dictionary built by nvtabular (its workflow encodes the days) and is part of the key.
+    cache key. engine: spark | arrow | nvtabular (None: preprocess_engine's default by the Spark master); nvtabular
+    needs a dictionary built by nvtabular (its workflow encodes the days) and is part of the key.
     """
-    engine = preprocess_engine(engine)
+    engine = preprocess_engine(engine, spark_master, spark_profile or settings.spark_profile)
     days = _check_days(train_days, test_day)
     dictionary_dir = Path(dictionary_dir)
     dictionary = read_manifest(dictionary_dir)

@@ -2,10 +2,11 @@
 
   RECFLOW_CRITEO_EPOCH     the logical date of Criteo day 0, ISO date (default 2026-01-01)
   RECFLOW_CRITEO_SOURCE    URL template of raw day files, with {day} (default: file://<data root>/criteo/source/day_{day})
-  RECFLOW_CRITEO_DAY_STATS_ENGINE  arrow | spark (default arrow): who writes a day's typed columnar copy and value
-                           counts. arrow: validate_raw writes them in the pass that checks the rows (the day is parsed
-                           once); spark: day_stats spark-submits spark_jobs/criteo/day_stats.py, which parses the day
-                           again (what runs on a Spark cluster). Both write the same dataset.
+  RECFLOW_CRITEO_DAY_STATS_ENGINE  arrow | spark (default: arrow when the Spark master is local and the Spark profile
+                           the local one, spark with a cluster master or profile): who writes a day's typed columnar
+                           copy and value counts. arrow: validate_raw writes them in the pass that checks the rows (the
+                           day is parsed once); spark: day_stats spark-submits spark_jobs/criteo/day_stats.py, which
+                           parses the day again (what runs on a Spark cluster). Both write the same dataset.
 """
 
 from __future__ import annotations
@@ -24,10 +25,11 @@ DAY_STATS_ENGINES = ("arrow", "spark")
 class CriteoSettings(DatasetSource):
     epoch: date = date(2026, 1, 1)
     source: str = ""  # empty: the synthetic source folder under the data root
-    day_stats_engine: str = "arrow"  # one of DAY_STATS_ENGINES
+    day_stats_engine: str = ""  # one of DAY_STATS_ENGINES; empty: by the Spark master (tasks.criteo.ingest)
 
     def __post_init__(self) -> None:
-        check_day_stats_engine(self.day_stats_engine)
+        if self.day_stats_engine:
+            check_day_stats_engine(self.day_stats_engine)
 
     def source_template(self, data_root: Path) -> str:
         if self.source:
@@ -47,8 +49,9 @@ def load_criteo_settings(env: dict[str, str] | None = None) -> CriteoSettings:
     return CriteoSettings(
         epoch=date.fromisoformat(env["RECFLOW_CRITEO_EPOCH"]) if env.get("RECFLOW_CRITEO_EPOCH") else date(2026, 1, 1),
         source=env.get("RECFLOW_CRITEO_SOURCE", ""),
-        day_stats_engine=check_day_stats_engine(env.get("RECFLOW_CRITEO_DAY_STATS_ENGINE") or "arrow",
-                                                "RECFLOW_CRITEO_DAY_STATS_ENGINE"),
+        day_stats_engine=check_day_stats_engine(env["RECFLOW_CRITEO_DAY_STATS_ENGINE"],
+                                                "RECFLOW_CRITEO_DAY_STATS_ENGINE")
+        if env.get("RECFLOW_CRITEO_DAY_STATS_ENGINE") else "",
     )
 
 

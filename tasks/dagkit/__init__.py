@@ -108,13 +108,14 @@ def device_param() -> Any:
                  description="Training device. Empty = the deployment's RECFLOW_TRAIN_DEVICE (auto).")
 
 
-def engine_param(engines: tuple[str, ...], env_var: str, description: str) -> Any:
-    """The preprocessing engine of a pipeline: empty = the deployment's setting (env_var, else spark)."""
+def engine_param(engines: tuple[str, ...], env_var: str, description: str, default: str = "spark") -> Any:
+    """The preprocessing engine of a pipeline: empty = the deployment's setting (env_var, else `default`, which
+    says what the default is)."""
     from airflow.sdk import Param
 
     return Param(None, type=["null", "string"], enum=[None, *engines], title="Preprocessing engine",
-                 values_display={"None": f"(the deployment's {env_var}, else spark)"},
-                 description=f"{description} Empty = the deployment's {env_var} (default spark).")
+                 values_display={"None": f"(the deployment's {env_var}, else {default})"},
+                 description=f"{description} Empty = the deployment's {env_var} (default: {default}).")
 
 
 def release_params(model_name: str) -> dict[str, Any]:

@@ -54,6 +54,9 @@ def cluster(tmp_path_factory) -> Iterator[AirflowCluster]:
         write_criteo_day(source / f"day_{day}", day, ROWS, generator=generator)
     env = {"RECFLOW_DATA_ROOT": str(data), "RECFLOW_CRITEO_SOURCE": source.as_uri() + "/day_{day}",
            "RECFLOW_RETRY_DELAY_S": "1",
+           # test_marking_a_run_failed_stops_its_spark_job stops the retrain mid Spark job: pin the spark engine (on
+           # this one-machine cluster the default is arrow).
+           "RECFLOW_CRITEO_PREPROCESS_ENGINE": "spark",
            # Retraining cron far from any test run, so the only criteo_dlrm runs are the ones tests cause.
            "RECFLOW_RETRAIN_CRON": "0 6 1 1 *"}
     with airflow_cluster(work, env, dag_ids=(INGEST, DLRM)) as running:

@@ -117,9 +117,11 @@ def snapshot(golden: Golden, step: str, root: Path) -> None:
     shutil.copytree(root, golden.before[step], symlinks=True)
 
 
-# day_stats is killed inside its Spark job: the spark engine. (With the default arrow engine validate writes the
-# stats, and test_validate_killed_then_retried covers killing that.)
-STEP_ENV = {"day_stats": {"RECFLOW_CRITEO_DAY_STATS_ENGINE": "spark"}}
+# day_stats, dictionary and transform are killed inside their Spark jobs: the spark engine, pinned (on a local master
+# the default is arrow; with it validate writes the stats, and test_validate_killed_then_retried covers killing that).
+STEP_ENV = {"day_stats": {"RECFLOW_CRITEO_DAY_STATS_ENGINE": "spark"},
+            "dictionary": {"RECFLOW_CRITEO_PREPROCESS_ENGINE": "spark"},
+            "transform": {"RECFLOW_CRITEO_PREPROCESS_ENGINE": "spark"}}
 
 
 def step_env(golden: Golden, step: str, root: Path) -> dict[str, str]:
