@@ -25,7 +25,8 @@ def test_default_architecture_is_nvidias() -> None:
     bottom = [m.out_features for m in model.bottom_mlp if isinstance(m, torch.nn.Linear)]
     top = [m.out_features for m in model.top_mlp if isinstance(m, torch.nn.Linear)]
     assert bottom == [512, 256, 128] and top == [1024, 1024, 512, 256, 1]
-    assert [t.weight.shape for t in model.embeddings] == [torch.Size([c, 128]) for c in cards]
+    assert [model.embeddings.table(i).shape for i in range(3)] == [torch.Size([c, 128]) for c in cards]
+    assert model.embeddings.weight.shape == (sum(cards), 128)  # one joint table
     assert model.top_mlp[0].in_features == 128 + 4 * 3 // 2
     assert not isinstance(model.top_mlp[-1], torch.nn.ReLU)  # the output is a raw logit
 
@@ -66,7 +67,7 @@ def test_embedding_size_bytes() -> None:
 def test_hash_indices_wraps_ids_into_capped_tables() -> None:
     cards = [1000, 50]
     model = Dlrm(2, cards, bottom_mlp_sizes=(4,), top_mlp_sizes=(1,), max_table_size=64, hash_indices=True)
-    assert [t.num_embeddings for t in model.embeddings] == [64, 50]
+    assert model.table_sizes == [64, 50]
     numerical, categorical = _inputs(20, 2, cards)
     assert (categorical[:, 0] >= 64).any()  # some ids really are beyond the capped table
     wrapped = categorical % torch.tensor([64, 50])
@@ -84,12 +85,18 @@ def test_build_model_from_hparams_roundtrip() -> None:
     rebuilt.load_state_dict(model.state_dict())
     numerical, categorical = _inputs(7, 3, [9, 4])
     assert torch.equal(model(numerical, categorical), rebuilt(numerical, categorical))
-    assert not rebuilt.embeddings[0].sparse
+    assert not rebuilt.embeddings.fused and not rebuilt.sparse_parameters()
 
 
-def test_sparse_embeddings_give_sparse_gradients() -> None:
-    model = Dlrm(2, [1000], bottom_mlp_sizes=(4,), top_mlp_sizes=(1,))
-    numerical, categorical = _inputs(8, 2, [1000])
+def test_sparse_embeddings_update_only_the_looked_up_rows() -> None:
+    model = Dlrm(2, [1000, 30], bottom_mlp_sizes=(4,), top_mlp_sizes=(1,))
+    numerical, categorical = _inputs(8, 2, [1000, 30])
+    before = model.embeddings.weight.detach().clone()
     model(numerical, categorical).sum().backward()
-    grad = model.embeddings[0].weight.grad
-    assert grad.is_sparse and grad.coalesce().indices().numel() <= 8  # only the looked-up rows, not 1000
+    assert model.embeddings.weight.grad is None  # no gradient tensor of the (possibly GB-sized) table
+    model.apply_sparse_update(lr=0.5)
+    changed = (model.embeddings.weight != before).any(dim=1).nonzero().flatten()
+    looked_up = torch.unique(torch.cat([categorical[:, 0], categorical[:, 1] + 1000]))
+    assert set(changed.tolist()) <= set(looked_up.tolist()) and changed.numel() > 0
+    model.apply_sparse_update(lr=0.5)  # nothing pending: a second call changes nothing
+    assert torch.equal(model.embeddings.weight[changed], model.embeddings.weight[changed])

@@ -20,6 +20,7 @@ from models.dlrm import evaluate
 from models.dlrm.model import Dlrm
 from models.dlrm.synthetic import make_synthetic_dataset
 from models.dlrm.train import main, state_checksum
+from models.torchkit.checkpoint import load_checkpoint
 from models.torchkit.distributed import DistContext
 from tasks.core.launch import free_port, torchrun_command
 
@@ -122,7 +123,7 @@ def test_sharded_model_file_is_the_plain_format(runs, sharding: str) -> None:
     model, payload = evaluate.load_model_file(out / "model.pt")
     assert isinstance(model, Dlrm) and state_checksum(payload["state_dict"]) == metrics["weights_sha256"]
     latest = (out / "checkpoints" / (out / "checkpoints" / "latest").read_text().strip())
-    assert state_checksum(torch.load(latest, weights_only=True)["model"]) == metrics["weights_sha256"]
+    assert state_checksum(load_checkpoint(latest)["model"]) == metrics["weights_sha256"]
 
 
 @pytest.fixture

@@ -74,6 +74,13 @@ class DlrmConfig:
     drop_last_train_batch: bool = _opt(True, "drop the short last training batch (eval always keeps it)")
     prefetch_depth: int = _opt(4, "batches read ahead by the loader thread (0: no thread)")
     torch_threads: int = _opt(0, "intra-op CPU threads per process (0: torch's default; torchrun sets 1)")
+    compile: str = _opt("auto", "torch.compile the dense layers: on, off, auto (on for CUDA, off for CPU, where it "
+                                "measured no faster; docs/PERFORMANCE-gpu.md)", choices=("auto", "on", "off"))
+    cuda_graphs: bool = _opt(False, "with compile on CUDA: capture the dense layers as CUDA graphs (torch.compile "
+                                    "mode reduce-overhead); off until measured on a GPU")
+    dense_table_limit_mb: int = _opt(256, "largest embedding tables (MB, fp32, all tables together) a multi-GPU "
+                                          "NCCL run may train data parallel with dense table gradients; above it "
+                                          "the run is refused unless the tables are sharded (--sharding)")
 
     def __post_init__(self) -> None:
         self.bottom_mlp_sizes = tuple(int(s) for s in self.bottom_mlp_sizes)

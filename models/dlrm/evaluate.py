@@ -39,17 +39,21 @@ class EvalResult:
 
 def save_model_file(path: Path, model: Dlrm, config: dict[str, Any], step: int) -> Path:
     """model.pt: final weights + the hparams to rebuild the model + the training config (what publish uploads)."""
-    payload = {
-        "kind": MODEL_KIND,
-        "version": FORMAT_VERSION,
-        "architecture": "dlrm",
-        "state_dict": {k: v.detach().cpu() for k, v in model.state_dict().items()},
-        "hparams": model.hparams,
-        "config": config,
-        "step": step,
-    }
-    write_torch_atomic(path, payload)
+    write_model_file(path, model.state_dict(), model.hparams, config, step)
     return path
+
+
+def write_model_file(path: Path, state: dict[str, torch.Tensor], hparams: dict[str, Any], config: dict[str, Any],
+                     step: int, checkpoint: dict[str, Any] | None = None) -> str:
+    """Write model.pt from a state dict; returns the weights' sha256 (models.torchkit.checkpoint.state_checksum),
+    hashed while the file is written. checkpoint: the rest of a training checkpoint (optimizer, schedule, RNG,
+    records), so that the file also serves as the run's final checkpoint (load_checkpoint reads it)."""
+    weights = {k: v.detach().cpu() for k, v in state.items()}  # no copy for CPU tensors; one for a GPU's
+    payload = {"kind": MODEL_KIND, "version": FORMAT_VERSION, "architecture": "dlrm", "state_dict": weights,
+               "hparams": hparams, "config": config, "step": step}
+    if checkpoint is not None:
+        payload["checkpoint"] = checkpoint
+    return str(write_torch_atomic(path, payload, checksum_of=weights))
 
 
 def load_model_file(path: Path, device: torch.device | str = "cpu") -> tuple[Dlrm, dict[str, Any]]:

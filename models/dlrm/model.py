@@ -6,6 +6,12 @@ bottom-MLP output -> top MLP (1024-1024-512-256-1) -> one click logit per row.
 
 Differences from NVIDIA, on purpose: no zero padding of the interaction output to a multiple of 8 (it only aligns
 tensor-core tiles; the padded columns are always 0), and no fused CUDA kernels (plain PyTorch ops on any device).
+
+The tables live in one joint [sum(rows), d] weight (`JointEmbedding`; table i starts at row offsets[i]): one
+lookup per batch for all tables, and with `sparse_embeddings` an SGD update fused into one `index_add_` of the
+batch's gradient rows (`apply_sparse_update`) instead of a sparse gradient tensor per table. The state dict keeps
+one `embeddings.<i>.weight` entry per table (views of the joint weight: saved once, same keys as before), so
+checkpoints and model.pt files of either layout load into either.
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.nn import functional as F
 
 FLOAT32_BYTES = 4
 
@@ -72,16 +79,117 @@ class DotInteraction(nn.Module):
         super().__init__()
         n = num_categorical + 1
         rows, cols = torch.tril_indices(n, n, offset=-1)
-        # Buffers, not parameters: they move with .to(device) and are saved, but nothing trains them.
-        self.register_buffer("tril_rows", rows, persistent=False)
-        self.register_buffer("tril_cols", cols, persistent=False)
+        # The strict lower triangle as positions in the flattened [n, n] dot matrix: an index_select over one dim,
+        # whose backward is one index_add, not the sort-and-accumulate of a 2-D advanced index. A buffer, not a
+        # parameter: it moves with .to(device) and nothing trains it.
+        self.register_buffer("tril_flat", rows * n + cols, persistent=False)
         self.output_size = interaction_output_size(num_categorical, embedding_dim)
 
-    def forward(self, bottom_out: torch.Tensor, embeddings: list[torch.Tensor]) -> torch.Tensor:
-        stacked = torch.stack([bottom_out, *embeddings], dim=1)  # [b, n, d]
+    def forward(self, bottom_out: torch.Tensor, embeddings: torch.Tensor | list[torch.Tensor]) -> torch.Tensor:
+        """bottom_out [b, d]; embeddings [b, n_cat, d] (or a list of n_cat [b, d])."""
+        if isinstance(embeddings, (list, tuple)):
+            embeddings = torch.stack(embeddings, dim=1)
+        stacked = torch.cat([bottom_out.unsqueeze(1), embeddings], dim=1)  # [b, n, d]
         dots = torch.bmm(stacked, stacked.transpose(1, 2))  # [b, n, n]
-        flat = dots[:, self.tril_rows, self.tril_cols]  # [b, n(n-1)/2]
+        flat = dots.flatten(1).index_select(1, self.tril_flat)  # [b, n(n-1)/2]
         return torch.cat([bottom_out, flat], dim=1)
+
+
+class _FusedLookup(torch.autograd.Function):
+    """weight[ids] whose backward hands the gradient rows to the table (for `apply_sparse_update`) instead of
+    building a gradient of the whole weight."""
+
+    @staticmethod
+    def forward(ctx: Any, weight: torch.Tensor, ids: torch.Tensor, table: JointEmbedding) -> torch.Tensor:
+        ctx.ids, ctx.table = ids, table
+        return weight.index_select(0, ids)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[None, None, None]:
+        ctx.table.pending.append((ctx.ids, grad))
+        return None, None, None
+
+
+class JointEmbedding(nn.Module):
+    """All embedding tables in one [sum(rows), d] weight, table i at rows offsets[i]..offsets[i+1].
+
+    fused=True: the weight gets no gradient; backward leaves the batch's (row ids, gradient rows) in `pending` and
+    `apply_sparse_update` applies plain SGD with one index_add_ (duplicate ids add up, as a coalesced sparse
+    gradient does). fused=False: an ordinary dense gradient (what DDP all-reduces).
+    """
+
+    def __init__(self, sizes: Sequence[int], dim: int, fused: bool) -> None:
+        super().__init__()
+        self.sizes = [int(s) for s in sizes]
+        self.fused = fused
+        starts = [0]
+        for rows in self.sizes:
+            starts.append(starts[-1] + rows)
+        self.register_buffer("offsets", torch.tensor(starts[:-1], dtype=torch.int64), persistent=False)
+        self._starts = starts
+        # Allocated where the caller's device context says (train: the training device), never twice.
+        self.weight = nn.Parameter(torch.empty(starts[-1], dim))
+        self.pending: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self.reset_parameters()
+
+    @torch.no_grad()
+    def reset_parameters(self) -> None:
+        """NVIDIA's table init, per table: uniform(-sqrt(1/rows), sqrt(1/rows)); a no-op on the meta device."""
+        for i, rows in enumerate(self.sizes):
+            bound = math.sqrt(1.0 / rows)
+            nn.init.uniform_(self.table(i), -bound, bound)
+
+    def table(self, i: int) -> torch.Tensor:
+        return self.weight[self._starts[i]:self._starts[i + 1]]
+
+    def forward(self, categorical: torch.Tensor) -> torch.Tensor:
+        """[b, n_cat] ids -> [b, n_cat, d] rows."""
+        ids = (categorical + self.offsets).reshape(-1)
+        if self.fused and torch.is_grad_enabled() and self.weight.requires_grad:
+            rows = _FusedLookup.apply(self.weight, ids, self)
+        else:
+            rows = F.embedding(ids, self.weight)
+        return rows.view(*categorical.shape, self.weight.shape[1])
+
+    def take_pending(self) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """(row ids, gradient rows) of the backward passes since the last call, or None."""
+        if not self.pending:
+            return None
+        ids = torch.cat([i for i, _ in self.pending]) if len(self.pending) > 1 else self.pending[0][0]
+        grads = torch.cat([g for _, g in self.pending]) if len(self.pending) > 1 else self.pending[0][1]
+        self.pending = []
+        return ids, grads
+
+    def _save_to_state_dict(self, destination: dict[str, Any], prefix: str, keep_vars: bool) -> None:
+        # One entry per table, as views of the joint weight: torch.save writes the shared storage once.
+        weight = self.weight if keep_vars else self.weight.detach()
+        for i in range(len(self.sizes)):
+            destination[f"{prefix}{i}.weight"] = weight[self._starts[i]:self._starts[i + 1]]
+
+    def _load_from_state_dict(self, state_dict: dict[str, Any], prefix: str, local_metadata: dict[str, Any],
+                              strict: bool, missing_keys: list[str], unexpected_keys: list[str],
+                              error_msgs: list[str]) -> None:
+        names = [f"{prefix}{i}.weight" for i in range(len(self.sizes))]
+        unexpected_keys.extend(k for k in state_dict if k.startswith(prefix) and k not in names)
+        missing_keys.extend(k for k in names if k not in state_dict)
+        if any(k not in state_dict for k in names):
+            return
+        for i, name in enumerate(names):
+            value = state_dict[name]
+            expected = (self.sizes[i], self.weight.shape[1])
+            if tuple(value.shape) != expected:
+                error_msgs.append(f"size mismatch for {name}: copying a param with shape {tuple(value.shape)}, "
+                                  f"the model's is {expected}")
+        if error_msgs:
+            return
+        if local_metadata.get("assign_to_params_buffers", False) or self.weight.is_meta:
+            # assign=True (a model built on the meta device): one joint tensor from the tables, on their device.
+            joined = torch.cat([state_dict[name].detach() for name in names])
+            self.weight = nn.Parameter(joined, requires_grad=self.weight.requires_grad)
+            return
+        with torch.no_grad():
+            for i, name in enumerate(names):
+                self.table(i).copy_(state_dict[name])
 
 
 class Dlrm(nn.Module):
@@ -119,31 +227,55 @@ class Dlrm(nn.Module):
         self.embedding_dim = int(bottom_mlp_sizes[-1])
         self.hash_indices = hash_indices
         self.bottom_mlp = mlp(num_numerical, bottom_mlp_sizes, relu_last=True)
-        # Sparse gradients: an SGD step touches only the rows a batch used, not a whole (possibly GB-sized) table.
-        self.embeddings = nn.ModuleList(nn.Embedding(s, self.embedding_dim, sparse=sparse_embeddings) for s in sizes)
-        for table, rows in zip(self.embeddings, sizes):
-            bound = math.sqrt(1.0 / rows)
-            nn.init.uniform_(table.weight, -bound, bound)
+        # With sparse_embeddings an SGD step touches only the rows a batch used (`apply_sparse_update`), never a
+        # whole (possibly GB-sized) table; without, the joint weight gets a dense gradient.
+        self.embeddings = JointEmbedding(sizes, self.embedding_dim, fused=sparse_embeddings)
         self.register_buffer("rows_per_table", torch.tensor(sizes, dtype=torch.int64), persistent=False)
         self.interaction = DotInteraction(len(sizes), self.embedding_dim)
         self.top_mlp = mlp(self.interaction.output_size, top_mlp_sizes, relu_last=False)
 
+    @property
+    def table_sizes(self) -> list[int]:
+        return list(self.embeddings.sizes)
+
     def embedding_bytes(self) -> int:
-        return sum(t.weight.numel() * t.weight.element_size() for t in self.embeddings)
+        weight = self.embeddings.weight
+        return weight.numel() * weight.element_size()
 
     def sparse_parameters(self) -> list[tuple[str, nn.Parameter]]:
-        """(name, parameter) of the embedding tables when their gradients are sparse, else []."""
-        if not self.embeddings or not self.embeddings[0].sparse:
-            return []
-        return [(f"embeddings.{i}.weight", table.weight) for i, table in enumerate(self.embeddings)]
+        """(name, parameter) of the tables when their update is the fused sparse one (no autograd gradient:
+        DDP must leave them alone), else []."""
+        return [("embeddings.weight", self.embeddings.weight)] if self.embeddings.fused else []
+
+    @torch.no_grad()
+    def apply_sparse_update(self, lr: float, world_size: int = 1, inv_scale: torch.Tensor | None = None) -> None:
+        """Plain SGD on the rows the last backward looked up: weight[ids] -= lr * mean over ranks of their gradient
+        rows (one index_add_; duplicates add up). Every rank calls this after backward; with world_size > 1 the
+        rows of all ranks are gathered first (identical on every rank). inv_scale: 1 / the loss scale of an fp16
+        GradScaler; rows holding inf/nan are then skipped (no sync with the host)."""
+        taken = self.embeddings.take_pending()
+        if taken is None:
+            return
+        ids, grads = taken
+        weight = self.embeddings.weight
+        grads = grads.to(weight.dtype)
+        if inv_scale is not None:
+            grads = grads * inv_scale
+            grads = torch.where(torch.isfinite(grads).all(), grads, torch.zeros((), dtype=grads.dtype,
+                                                                                device=grads.device))
+        if world_size > 1:
+            from models.torchkit.distributed import gather_rows
+
+            ids, grads = gather_rows(ids, grads, world_size)
+            lr = lr / world_size
+        weight.index_add_(0, ids, grads, alpha=-lr)
 
     def forward(self, numerical: torch.Tensor, categorical: torch.Tensor) -> torch.Tensor:
         if self.hash_indices:
             categorical = torch.remainder(categorical, self.rows_per_table)
         bottom_out = self.bottom_mlp(numerical)
-        embedded = [table(categorical[:, i]) for i, table in enumerate(self.embeddings)]
         # Under autocast the bottom MLP yields bf16/fp16 while lookups stay fp32; bmm needs one dtype.
-        embedded = [e.to(bottom_out.dtype) for e in embedded]
+        embedded = self.embeddings(categorical).to(bottom_out.dtype)
         return self.top_mlp(self.interaction(bottom_out, embedded)).squeeze(1)
 
 

@@ -118,7 +118,19 @@ class ShardedDlrm(nn.Module):
 
 
 def _table_sizes(template: Dlrm) -> list[int]:
-    return [int(t.num_embeddings) for t in template.embeddings]
+    return template.table_sizes
+
+
+def fbgemm_gpu_available() -> bool:
+    """True when fbgemm-gpu imports with its CUDA kernels (TorchRec's fused TBE on the GPU). A fbgemm-gpu built for
+    another torch fails here with an undefined symbol: that counts as absent (deploy/Dockerfile pairs them)."""
+    if not torch.cuda.is_available():
+        return False
+    try:
+        import fbgemm_gpu  # noqa: F401
+        return hasattr(torch.ops.fbgemm, "split_embedding_codegen_lookup_sgd_function")
+    except (ImportError, OSError, RuntimeError, AttributeError):
+        return False
 
 
 def _is_sharded(value: Any) -> bool:
@@ -209,14 +221,6 @@ def load_plain_state(model: ShardedDlrm, plain: Mapping[str, torch.Tensor]) -> N
         for piece in target.local_shards():
             (row, col), (rows, cols) = piece.metadata.shard_offsets, piece.metadata.shard_sizes
             piece.tensor.copy_(source[row:row + rows, col:col + cols])
-
-
-def plain_model(hparams: Mapping[str, Any], plain: Mapping[str, torch.Tensor]) -> Dlrm:
-    """A Dlrm holding `plain`'s tensors without copying them (built on the meta device, weights assigned)."""
-    with torch.device("meta"):
-        model = Dlrm(**hparams)
-    model.load_state_dict(plain, assign=True)
-    return model
 
 
 def single_process_group(ctx: DistContext) -> DistContext:

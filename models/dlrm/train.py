@@ -14,7 +14,6 @@ complete; the launcher (tasks/core/launch.py) recognises that case.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import time
 from dataclasses import dataclass, field
@@ -23,16 +22,16 @@ from typing import Any
 
 import torch
 
-from models.torchkit.checkpoint import (CheckpointError, capture_rng_state, latest_checkpoint, load_checkpoint,
-                                      restore_rng_state, save_checkpoint)
-from models.torchkit.distributed import (DistContext, autocast_context, average_sparse_gradients, barrier,
-                                       broadcast_from_main, data_parallel, init_distributed,
-                                       make_grad_scaler, shutdown_distributed)
+from models.torchkit.checkpoint import (CheckpointError, capture_rng_state, device_fingerprint, latest_checkpoint,
+                                      link_checkpoint, load_checkpoint, restore_rng_state, save_checkpoint,
+                                      state_checksum)
+from models.torchkit.distributed import (DistContext, autocast_context, barrier, broadcast_from_main, data_parallel,
+                                       init_distributed, make_grad_scaler, shutdown_distributed)
 from tasks.core.progress import ProgressMeter, RankLog, format_bytes, format_duration
 from models.dlrm.config import DlrmConfig, build_parser, config_from_namespace, lr_factor  # noqa: F401
 from models.dlrm.data import (Batch, PrefetchingReader, RawBatch, SplitBinaryDataset, decodes_on_device,
                               shard_batch_indices, to_device)
-from models.dlrm.evaluate import predict_dataset, save_model_file
+from models.dlrm.evaluate import predict_dataset, write_model_file
 from models.dlrm.model import Dlrm, embedding_table_bytes
 from models.dlrm import sharding as sharded
 from tasks.formats.feature_spec import FeatureSpec
@@ -101,15 +100,6 @@ def weights_checksum(model: torch.nn.Module) -> str:
     return state_checksum(model.state_dict())
 
 
-def state_checksum(state: dict[str, torch.Tensor]) -> str:
-    """weights_checksum of a state dict (a sharded run's gathered plain state)."""
-    digest = hashlib.sha256()
-    for name, tensor in sorted(state.items()):
-        digest.update(name.encode())
-        digest.update(tensor.detach().cpu().contiguous().view(-1).view(torch.uint8).numpy().tobytes())
-    return digest.hexdigest()
-
-
 def _setup(cfg: DlrmConfig, ctx: DistContext) -> _Run:
     if not cfg.dataset_dir or not cfg.output_dir:
         raise ValueError("both --dataset_dir and --output_dir are required")
@@ -172,12 +162,52 @@ def _build_model(cfg: DlrmConfig, ctx: DistContext, spec: FeatureSpec,
         model = sharded.ShardedDlrm(hparams, ctx.device)
         log(f"embedding tables sharded {cfg.sharding} over {ctx.world_size} rank(s) by TorchRec; MLPs data parallel")
         return model, torch.optim.SGD(model.dense_parameters(), lr=cfg.lr)
+    check_table_layout(cfg, ctx, cards)
     sparse = cfg.sparse_embeddings and ctx.backend != "nccl"
-    if sparse != cfg.sparse_embeddings:
-        log("NCCL has no sparse all-reduce (pytorch/pytorch#22400): embedding gradients are dense on this run")
-    model = Dlrm(spec.get_number_of_numerical_features(), cards, cfg.bottom_mlp_sizes, cfg.top_mlp_sizes,
-                 cfg.max_table_size, cfg.hash_indices, sparse).to(ctx.device)
+    log(f"embedding path: {embedding_path_reason(cfg, ctx, sparse)}")
+    with torch.device(ctx.device):  # the tables are created (and initialised) where they train, once
+        model = Dlrm(spec.get_number_of_numerical_features(), cards, cfg.bottom_mlp_sizes, cfg.top_mlp_sizes,
+                     cfg.max_table_size, cfg.hash_indices, sparse)
+    compile_dense(model, cfg, ctx, log)
     return model, torch.optim.SGD(model.parameters(), lr=cfg.lr)
+
+
+def check_table_layout(cfg: DlrmConfig, ctx: DistContext, cards: list[int]) -> None:
+    """Refuse, before anything is allocated, a multi-GPU data-parallel run whose tables would get dense gradients
+    (NCCL has no sparse all-reduce, pytorch/pytorch#22400): every step would all-reduce every table."""
+    if cfg.sharding != sharded.DATA_PARALLEL or ctx.backend != "nccl" or ctx.world_size < 2:
+        return
+    size = embedding_table_bytes(cards, cfg.bottom_mlp_sizes[-1], cfg.max_table_size)
+    if size > cfg.dense_table_limit_mb * 2**20:
+        raise ValueError(f"{format_bytes(size)} of embedding tables would all-reduce as dense gradients every step "
+                         f"on {ctx.world_size} NCCL ranks: set --sharding table_wise (or row_wise, column_wise, "
+                         f"auto), or raise --dense_table_limit_mb above {size // 2**20 + 1} to accept it")
+
+
+def embedding_path_reason(cfg: DlrmConfig, ctx: DistContext, sparse: bool) -> str:
+    """Which embedding implementation a data-parallel run uses, and why (logged once per run)."""
+    if not sparse:
+        why = ("NCCL has no sparse all-reduce; the tables are under --dense_table_limit_mb"
+               if cfg.sparse_embeddings else "--no-sparse_embeddings")
+        return f"joint table with dense gradients (plain PyTorch): {why}"
+    if ctx.device.type == "cuda":
+        why = ("fbgemm-gpu is installed: TorchRec's fused TBE kernels are used by --sharding table_wise/row_wise/"
+               "column_wise/auto" if sharded.fbgemm_gpu_available() else
+               "fbgemm-gpu is not installed (or has no CUDA kernels for this torch)")
+    else:
+        why = "CPU: FBGEMM's CPU kernels measured no faster than one index_add_ (docs/PERFORMANCE-gpu.md)"
+    return f"joint table + fused index_add_ SGD update (plain PyTorch): {why}"
+
+
+def compile_dense(model: Dlrm, cfg: DlrmConfig, ctx: DistContext, log: RankLog) -> None:
+    """torch.compile the dense layers in place (state-dict names unchanged): --compile auto is on for CUDA only."""
+    enabled = cfg.compile == "on" or (cfg.compile == "auto" and ctx.device.type == "cuda")
+    if not enabled:
+        return
+    mode = "reduce-overhead" if cfg.cuda_graphs and ctx.device.type == "cuda" else None
+    for module in (model.bottom_mlp, model.interaction, model.top_mlp):
+        module.compile(mode=mode)
+    log(f"torch.compile of the dense layers (mode {mode or 'default'}); the first steps compile")
 
 
 def _checkpoint_state(run: _Run, model_state: dict[str, torch.Tensor]) -> dict[str, Any]:
@@ -287,18 +317,23 @@ def _train_step(run: _Run, batch: Batch | RawBatch) -> torch.Tensor:
         logits = run.model(numerical, categorical)
     loss = torch.nn.functional.binary_cross_entropy_with_logits(logits.float(), label)
     run.optimizer.zero_grad(set_to_none=True)
-    sparse = [param for _, param in run.core.sparse_parameters()]
+    lr = run.optimizer.param_groups[0]["lr"]
     if run.scaler is not None:
         run.scaler.scale(loss).backward()
-        average_sparse_gradients(sparse, run.ctx.world_size)  # DDP averaged the dense ones during backward
+        _sparse_update(run, lr, inv_scale=run.scaler._scale.double().reciprocal().float())  # noqa: SLF001 (no sync)
         run.scaler.step(run.optimizer)
         run.scaler.update()
     else:
         loss.backward()
-        average_sparse_gradients(sparse, run.ctx.world_size)
+        _sparse_update(run, lr)  # DDP averaged the dense gradients during backward
         run.optimizer.step()
     run.scheduler.step()
     return loss.detach()
+
+
+def _sparse_update(run: _Run, lr: float, inv_scale: torch.Tensor | None = None) -> None:
+    if isinstance(run.core, Dlrm):
+        run.core.apply_sparse_update(lr, run.ctx.world_size, inv_scale)
 
 
 def _log_interval(run: _Run, epoch: int, loss_sum: torch.Tensor, count: int, meter: ProgressMeter) -> None:
@@ -365,22 +400,16 @@ def _train_epochs(run: _Run) -> ProgressMeter:
                     loss_sum, count = torch.zeros((), device=run.ctx.device), 0
                 if cfg.eval_every_steps and run.step % cfg.eval_every_steps == 0 and run.step < run.total_steps:
                     _evaluate(run)
-                if cfg.checkpoint_every_steps and run.step % cfg.checkpoint_every_steps == 0:
-                    _save(run)
+                if (cfg.checkpoint_every_steps and run.step % cfg.checkpoint_every_steps == 0
+                        and run.step < run.total_steps):
+                    _save(run)  # the last step's checkpoint is model.pt itself (_finish)
     return meter
 
 
 def _finish(run: _Run, resumed: int | None, meter: ProgressMeter) -> TrainResult:
     # The training loop's rate (periodic evaluations and checkpoints included), taken before the final save.
     rate = meter.overall_samples_per_second(run.step)
-    if run.sharded:
-        plain = _model_state(run)  # gathered once, for the last checkpoint and model.pt
-        _save_state(run, plain)
-        checksum = broadcast_from_main(run.ctx, state_checksum(plain) if run.ctx.is_main else None)
-    else:
-        plain = None
-        _save(run)
-        checksum = weights_checksum(run.core)
+    checksum = _write_final(run)
     run.log(f"final weights sha256 {checksum} at step {run.step}", all_ranks=True)
     per_rank = _gather_per_rank(run, run.core.embedding_bytes())
     result = TrainResult(steps=run.step, epochs=run.cfg.epochs, world_size=run.ctx.world_size,
@@ -403,8 +432,7 @@ def _finish(run: _Run, resumed: int | None, meter: ProgressMeter) -> TrainResult
                             "weights_sha256": checksum, "mapping": run.cfg.test_mapping}
     if run.sharded:
         result.final_metrics["sharding_plan"] = sharded.plan_summary(run.core)
-    final_model = sharded.plain_model(run.core.hparams, plain) if plain is not None else run.core
-    result.model_path = save_model_file(run.out / "model.pt", final_model, run.cfg.to_dict(), run.step)
+    result.model_path = run.out / "model.pt"
     result.log_path = _write_log(run)
     result.plot_path = plot_training_curves(run.records, run.out / "training_curves.png", title=f"DLRM {run.out.name}")
     result.checkpoint_path = run.last_checkpoint
@@ -414,6 +442,36 @@ def _finish(run: _Run, resumed: int | None, meter: ProgressMeter) -> TrainResult
     run.log(f"done: {run.step} steps, auc {metrics.get('auc', float('nan')):.5f}, outputs in {run.out}")
     barrier(run.ctx)
     return result
+
+
+def _write_final(run: _Run) -> str:
+    """Write the final weights once: model.pt with a checkpoint section, hashed while written, and the last
+    checkpoint as a hard link to it. Returns the weights' sha256 on every rank; a data-parallel rank other than 0
+    first proves its weights equal rank 0's by a fingerprint computed on its device (no host copy)."""
+    state = _model_state(run)  # rank 0 only (a sharded run gathers its tables here)
+    checksum = None
+    if run.ctx.is_main:
+        run.out.mkdir(parents=True, exist_ok=True)
+        section = {k: v for k, v in _checkpoint_state(run, {}).items() if k not in ("model", "config", "hparams")}
+        path = run.out / "model.pt"
+        checksum = write_model_file(path, state, run.core.hparams, run.cfg.to_dict(), run.step, checkpoint=section)
+        run.last_checkpoint = link_checkpoint(run.out / "checkpoints", run.step, path, run.cfg.keep_checkpoints)
+        run.last_checkpoint_step = run.step
+        run.log(f"model.pt and checkpoint step {run.step} -> {path} (one file, {run.last_checkpoint.name} links it)")
+    if run.ctx.is_distributed and not run.sharded:
+        _check_ranks_identical(run)
+    return broadcast_from_main(run.ctx, checksum)
+
+
+def _check_ranks_identical(run: _Run) -> None:
+    """Every data-parallel rank's weights are rank 0's, bit for bit (fingerprints gathered, not the weights)."""
+    mine = device_fingerprint(run.core.state_dict())
+    every = [torch.empty_like(mine) for _ in range(run.ctx.world_size)]
+    torch.distributed.all_gather(every, mine)
+    differing = [rank for rank, other in enumerate(every) if not torch.equal(other, every[0])]
+    if differing:
+        raise RuntimeError(f"ranks {differing} finished with weights that differ from rank 0's: data-parallel "
+                           "training diverged (a collective or a sparse update is broken)")
 
 
 def _gather_per_rank(run: _Run, value: int) -> list[int]:

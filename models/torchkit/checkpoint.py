@@ -6,14 +6,21 @@ Layout under a run's output dir:
 
 Everything we store is a tensor, dict, list, int, float, str, bool or None, so `torch.load(weights_only=True)` can
 read it back; a file that needs anything else (a pickled object, a class) is rejected, not executed.
+
+A run's final checkpoint is not written twice: the trainer writes model.pt with a "checkpoint" section (optimizer,
+schedule, RNG, records) and `link_checkpoint` makes the step file a hard link to it (a copy where the filesystem
+has no hard links). `load_checkpoint` reads such a model file as a checkpoint.
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import random
 import re
+import shutil
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -39,11 +46,54 @@ def checkpoint_file(directory: Path, step: int) -> Path:
     return directory / f"step_{step:08d}.pt"
 
 
-def write_torch_atomic(path: Path, payload: dict[str, Any]) -> None:
-    """torch.save into a temporary sibling, fsync, rename over `path`: readers never see half a file."""
-    with atomic_file(path, "wb") as f:
-        torch.save(payload, f)
-    _fsync_directory(path.parent)
+def write_torch_atomic(path: Path, payload: dict[str, Any], checksum_of: dict[str, torch.Tensor] | None = None
+                       ) -> str | None:
+    """torch.save into a temporary sibling, fsync, rename over `path`: readers never see half a file.
+
+    checksum_of: CPU tensors the payload holds; their `state_checksum` is computed in a thread while the file is
+    written (hashlib and the writer both release the GIL), and returned."""
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        digest = pool.submit(state_checksum, checksum_of) if checksum_of is not None else None
+        with atomic_file(path, "wb") as f:
+            torch.save(payload, f)
+        _fsync_directory(path.parent)
+        return digest.result() if digest is not None else None
+
+
+def state_checksum(state: dict[str, torch.Tensor]) -> str:
+    """sha256 over (name, raw bytes) of every tensor in key order: the identity of a set of weights. The tensors
+    are hashed in place (a CPU tensor is not copied; another device's is copied to the CPU once)."""
+    digest = hashlib.sha256()
+    for name, tensor in sorted(state.items()):
+        digest.update(name.encode())
+        flat = tensor.detach().cpu().contiguous().view(-1)
+        digest.update(memoryview(flat.view(torch.uint8).numpy()))
+    return digest.hexdigest()
+
+
+_FINGERPRINT_CHUNK = 1 << 24
+
+
+@torch.no_grad()
+def device_fingerprint(state: dict[str, torch.Tensor]) -> torch.Tensor:
+    """Two wrapping int64 sums per tensor (of its 32-bit words, and of their squares), computed where the tensors
+    are: equal on two ranks iff (with overwhelming likelihood) their weights are bit-identical, without copying
+    them to the host. Exact integer arithmetic, so the order of the reduction cannot make equal weights differ."""
+    sums = []
+    for _, tensor in sorted(state.items()):
+        flat = tensor.detach().contiguous().view(-1).view(torch.uint8)
+        pad = (-flat.numel()) % 4
+        if pad:
+            flat = torch.cat([flat, flat.new_zeros(pad)])
+        words = flat.view(torch.int32)
+        first = torch.zeros((), dtype=torch.int64, device=words.device)
+        second = torch.zeros((), dtype=torch.int64, device=words.device)
+        for start in range(0, words.numel(), _FINGERPRINT_CHUNK):
+            chunk = words[start:start + _FINGERPRINT_CHUNK].to(torch.int64)
+            first += chunk.sum()
+            second += (chunk * chunk).sum()
+        sums += [first, second]
+    return torch.stack(sums) if sums else torch.zeros(0, dtype=torch.int64)
 
 
 def _fsync_directory(directory: Path) -> None:
@@ -64,11 +114,34 @@ def save_checkpoint(directory: Path, step: int, state: dict[str, Any], keep_last
     path = checkpoint_file(directory, step)
     write_torch_atomic(path, {"kind": CHECKPOINT_KIND, "version": FORMAT_VERSION, "step": step, **state})
     write_text_atomic(directory / LATEST_POINTER, path.name + "\n")
+    _prune(directory, path, keep_last)
+    return path
+
+
+def link_checkpoint(directory: Path, step: int, source: Path, keep_last: int = 3) -> Path:
+    """Make checkpoint `step` the file `source` (a model file holding a checkpoint section) without writing its
+    bytes again: a hard link, or a copy where the filesystem has none. Then as save_checkpoint: pointer, pruning."""
+    directory.mkdir(parents=True, exist_ok=True)
+    path = checkpoint_file(directory, step)
+    staged = directory / f".tmp-link-{path.name}"
+    staged.unlink(missing_ok=True)
+    try:
+        os.link(source, staged)
+    except OSError as exc:
+        log.warning("no hard link %s -> %s (%s): copying the file", source, staged, exc)
+        shutil.copyfile(source, staged)
+    os.replace(staged, path)
+    _fsync_directory(directory)
+    write_text_atomic(directory / LATEST_POINTER, path.name + "\n")
+    _prune(directory, path, keep_last)
+    return path
+
+
+def _prune(directory: Path, newest: Path, keep_last: int) -> None:
     if keep_last > 0:
         for old in _step_files(directory)[:-keep_last]:
-            if old != path:
+            if old != newest:
                 old.unlink(missing_ok=True)
-    return path
 
 
 def _step_files(directory: Path) -> list[Path]:
@@ -109,11 +182,15 @@ def _refusal_reason(exc: Exception) -> str:
     return reason[:300] or type(exc).__name__
 
 
-def safe_load(path: Path, kind: str, map_location: str | torch.device = "cpu", mmap: bool = False) -> dict[str, Any]:
-    """Load a recflow file of the given kind with `torch.load(weights_only=True)`; CheckpointError otherwise.
+def safe_load(path: Path, kind: str | tuple[str, ...], map_location: str | torch.device = "cpu",
+              mmap: bool = False) -> dict[str, Any]:
+    """Load a recflow file of the given kind (or one of the given kinds) with `torch.load(weights_only=True)`;
+    CheckpointError otherwise.
 
     mmap: map the tensors from the file instead of reading them (a process that needs only slices of large
     tables then reads only those pages)."""
+    kinds = (kind,) if isinstance(kind, str) else kind
+    kind = " or ".join(kinds)
     try:
         payload = torch.load(path, weights_only=True, map_location=map_location, mmap=mmap)
     except FileNotFoundError:
@@ -122,7 +199,7 @@ def safe_load(path: Path, kind: str, map_location: str | torch.device = "cpu", m
         raise CheckpointError(
             f"{path}: not a {kind} file (safe loader refused it: {type(exc).__name__}: {_refusal_reason(exc)})"
         ) from None
-    if not isinstance(payload, dict) or payload.get("kind") != kind:
+    if not isinstance(payload, dict) or payload.get("kind") not in kinds:
         found = payload.get("kind") if isinstance(payload, dict) else type(payload).__name__
         raise CheckpointError(f"{path}: not a {kind} file (kind is {found!r})")
     if payload.get("version") != FORMAT_VERSION:
@@ -131,7 +208,16 @@ def safe_load(path: Path, kind: str, map_location: str | torch.device = "cpu", m
 
 
 def load_checkpoint(path: Path, map_location: str | torch.device = "cpu", mmap: bool = False) -> dict[str, Any]:
-    return safe_load(path, CHECKPOINT_KIND, map_location, mmap)
+    """A checkpoint: a checkpoint file, or a model file with a checkpoint section (a run's final step, written
+    once as model.pt), returned in the checkpoint layout."""
+    payload = safe_load(path, (CHECKPOINT_KIND, MODEL_KIND), map_location, mmap)
+    if payload["kind"] == CHECKPOINT_KIND:
+        return payload
+    if not isinstance(payload.get("checkpoint"), dict):
+        raise CheckpointError(f"{path}: a {MODEL_KIND} file without a checkpoint section cannot resume training")
+    return {"kind": CHECKPOINT_KIND, "version": payload["version"], "step": payload["step"],
+            "model": payload["state_dict"], "config": payload["config"], "hparams": payload["hparams"],
+            **payload["checkpoint"]}
 
 
 def capture_rng_state() -> dict[str, Any]:

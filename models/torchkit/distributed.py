@@ -48,7 +48,7 @@ def select_device(preference: str, local_rank: int = 0) -> torch.device:
 
 def data_parallel(module: torch.nn.Module, ctx: DistContext, sparse_names: Sequence[str] = ()) -> torch.nn.Module:
     """DistributedDataParallel over `module`, except the parameters named in `sparse_names` (sparse gradients),
-    which DDP ignores and `average_sparse_gradients` averages after backward.
+    which DDP ignores and `average_sparse_gradients` / `gather_rows` combine after backward.
 
     Why not DDP's own sparse all-reduce: with sparse embedding gradients on gloo, DDP's asynchronous sparse
     all-reduce corrupted the heap now and then on torch 2.13 CPU ("malloc(): unaligned tcache chunk detected",
@@ -105,6 +105,25 @@ def average_sparse_gradients(params: Sequence[torch.nn.Parameter], world_size: i
         summed = torch.sparse_coo_tensor(torch.cat([i for i, _ in parts]).unsqueeze(0),
                                          torch.cat([v for _, v in parts]), param.shape).coalesce()
         param.grad = summed / world_size
+
+
+def gather_rows(ids: torch.Tensor, rows: torch.Tensor, world_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Every rank's (row ids [k], rows [k, d]) concatenated in rank order, on every rank: what a fused sparse
+    update (a joint embedding table's index_add_) sums. Ranks may hold different k (a short last batch): counts
+    first, then the parts padded to the largest; three dense collectives."""
+    count = torch.tensor([ids.numel()], dtype=torch.int64, device=ids.device)
+    counts = [torch.empty_like(count) for _ in range(world_size)]
+    dist.all_gather(counts, count)
+    sizes = [int(c) for c in torch.cat(counts).tolist()]
+    widest = max(sizes)
+    if ids.numel() < widest:
+        ids = torch.cat([ids, ids.new_zeros(widest - ids.numel())])
+        rows = torch.cat([rows, rows.new_zeros((widest - rows.shape[0], rows.shape[1]))])
+    all_ids = [torch.empty_like(ids) for _ in range(world_size)]
+    all_rows = [torch.empty_like(rows) for _ in range(world_size)]
+    dist.all_gather(all_ids, ids.contiguous())
+    dist.all_gather(all_rows, rows.contiguous())
+    return (torch.cat([i[:n] for i, n in zip(all_ids, sizes)]), torch.cat([r[:n] for r, n in zip(all_rows, sizes)]))
 
 
 def backend_for(device: torch.device) -> str:

@@ -1,0 +1,137 @@
+"""The DLRM step of issue #28: one joint table with a fused index_add_ SGD update and the flat-index interaction
+compute what the previous step computed (per-table sparse-gradient nn.Embedding + torch.optim.SGD, the lower
+triangle by a 2-D advanced index), checkpoints of that layout still load, and a run writes its weights once."""
+
+from __future__ import annotations
+
+import copy
+import os
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from models.dlrm import evaluate
+from models.dlrm.model import Dlrm
+from models.dlrm.synthetic import make_synthetic_dataset
+from models.dlrm.train import check_table_layout, main
+from models.dlrm.config import DlrmConfig
+from models.torchkit.checkpoint import latest_checkpoint, load_checkpoint, state_checksum
+from models.torchkit.distributed import DistContext
+
+CARDS = [7, 50, 3, 1000]
+# fp32 on the CPU: the two paths add the same gradient rows in a different order (a coalesced sparse tensor vs
+# index_add_), so they may differ in the last bits; 5 steps of lr 0.5 keep that below 1e-5.
+TOLERANCE = 1e-5
+
+
+class PreviousDlrm(nn.Module):
+    """The step as it was before the joint table, written from the math: one sparse-gradient nn.Embedding per
+    table, the interaction's lower triangle by dots[:, rows, cols]. Same state-dict keys as Dlrm."""
+
+    def __init__(self, model: Dlrm) -> None:
+        super().__init__()
+        self.bottom_mlp = _copy(model.bottom_mlp)
+        self.embeddings = nn.ModuleList(nn.Embedding(rows, model.embedding_dim, sparse=True)
+                                        for rows in model.table_sizes)
+        self.top_mlp = _copy(model.top_mlp)
+        n = len(model.table_sizes) + 1
+        self.rows, self.cols = torch.tril_indices(n, n, offset=-1)
+        self.load_state_dict(model.state_dict())
+
+    def forward(self, numerical: torch.Tensor, categorical: torch.Tensor) -> torch.Tensor:
+        bottom = self.bottom_mlp(numerical)
+        stacked = torch.stack([bottom, *(t(categorical[:, i]) for i, t in enumerate(self.embeddings))], dim=1)
+        dots = torch.bmm(stacked, stacked.transpose(1, 2))
+        return self.top_mlp(torch.cat([bottom, dots[:, self.rows, self.cols]], dim=1)).squeeze(1)
+
+
+def _copy(module: nn.Module) -> nn.Module:
+    return copy.deepcopy(module)
+
+
+def _batches(steps: int, batch: int = 64) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+    generator = torch.Generator().manual_seed(7)
+    return [(torch.randn(batch, 5, generator=generator),
+             torch.stack([torch.randint(0, c, (batch,), generator=generator) for c in CARDS], dim=1),
+             torch.randint(0, 2, (batch,), generator=generator).float()) for _ in range(steps)]
+
+
+def test_new_step_equals_the_previous_step() -> None:
+    torch.manual_seed(0)
+    model = Dlrm(5, CARDS, bottom_mlp_sizes=(16, 8), top_mlp_sizes=(16, 1))
+    previous = PreviousDlrm(model)
+    new_sgd = torch.optim.SGD(model.parameters(), lr=0.5)
+    old_sgd = torch.optim.SGD(previous.parameters(), lr=0.5)
+    initial = model.embeddings.weight.detach().clone()
+    losses = []
+    for numerical, categorical, label in _batches(5):
+        pair = []
+        for net, sgd in ((model, new_sgd), (previous, old_sgd)):
+            sgd.zero_grad(set_to_none=True)
+            loss = nn.functional.binary_cross_entropy_with_logits(net(numerical, categorical), label)
+            loss.backward()
+            sgd.step()
+            pair.append(loss.item())
+        model.apply_sparse_update(lr=0.5)
+        losses.append(pair)
+    for new, old in losses:
+        assert new == pytest.approx(old, abs=TOLERANCE)
+    ours, theirs = model.state_dict(), previous.state_dict()
+    assert ours.keys() == theirs.keys()
+    assert (model.embeddings.weight - initial).abs().max() > 1e-3  # the tables did train
+    for name in ours:
+        torch.testing.assert_close(ours[name], theirs[name], atol=TOLERANCE, rtol=0, msg=name)
+
+
+def test_previous_layout_checkpoints_load_and_saved_state_keeps_its_keys(tmp_path: Path) -> None:
+    torch.manual_seed(1)
+    model = Dlrm(5, CARDS, bottom_mlp_sizes=(16, 8), top_mlp_sizes=(16, 1))
+    old_state = PreviousDlrm(model).state_dict()  # what a model.pt of the previous layout holds
+    rebuilt = Dlrm(5, CARDS, bottom_mlp_sizes=(16, 8), top_mlp_sizes=(16, 1))
+    rebuilt.load_state_dict(old_state)
+    numerical, categorical, _ = _batches(1)[0]
+    with torch.no_grad():
+        assert torch.equal(rebuilt(numerical, categorical), model(numerical, categorical))
+    # Saved, the tables are views of one storage: written once, read back under the per-table keys.
+    path = tmp_path / "model.pt"
+    evaluate.save_model_file(path, model, {"dataset_dir": ""}, step=3)
+    assert path.stat().st_size < 1.2 * sum(v.numel() * 4 for v in old_state.values()) + 20_000
+    loaded, payload = evaluate.load_model_file(path)
+    assert set(payload["state_dict"]) == set(old_state)
+    assert state_checksum(payload["state_dict"]) == state_checksum(old_state)
+    with pytest.raises(RuntimeError, match="size mismatch for embeddings.1.weight"):
+        rebuilt.load_state_dict({**old_state, "embeddings.1.weight": torch.zeros(49, 8)})
+    with pytest.raises(RuntimeError, match="Missing key"):
+        rebuilt.load_state_dict({k: v for k, v in old_state.items() if k != "embeddings.2.weight"})
+
+
+def test_a_run_writes_its_weights_once_and_resumes_from_them(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    make_synthetic_dataset(data, train_rows=4_000, test_rows=1_000, seed=0)
+    args = ["--dataset_dir", str(data), "--output_dir", str(tmp_path / "run"), "--bottom_mlp_sizes", "16", "8",
+            "--top_mlp_sizes", "16", "1", "--batch_size", "512", "--eval_batch_size", "4096", "--device", "cpu",
+            "--lr", "0.5", "--warmup_steps", "2", "--decay_start_step", "4", "--decay_steps", "3",
+            "--checkpoint_every_steps", "7", "--torch_threads", "1"]
+    first = main(args)
+    assert first.steps == 7
+    last = latest_checkpoint(tmp_path / "run" / "checkpoints")
+    assert os.path.samefile(last, first.model_path)  # the last checkpoint is model.pt: one write of the weights
+    assert state_checksum(load_checkpoint(last)["model"]) == first.weights_sha256
+    _, payload = evaluate.load_model_file(first.model_path)
+    assert state_checksum(payload["state_dict"]) == first.weights_sha256
+    again = main(args)  # a retried task: resumes at the end, trains nothing, same weights
+    assert again.resumed_from_step == 7 and again.weights_sha256 == first.weights_sha256
+
+
+def test_multi_gpu_data_parallel_with_big_dense_tables_is_refused_before_training() -> None:
+    cfg = DlrmConfig(bottom_mlp_sizes=(512, 256, 128), dense_table_limit_mb=256)
+    nccl = DistContext(rank=0, local_rank=0, world_size=2, device=torch.device("cpu"), backend="nccl")
+    with pytest.raises(ValueError, match=r"set --sharding table_wise") as refused:
+        check_table_layout(cfg, nccl, [1_000_000, 200_000])  # 586 MiB of tables
+    assert "\n" not in str(refused.value) and "--dense_table_limit_mb" in str(refused.value)
+    check_table_layout(cfg, nccl, [100_000])  # 49 MiB: dense gradients are acceptable
+    check_table_layout(DlrmConfig(sharding="table_wise"), nccl, [1_000_000, 200_000])
+    gloo = DistContext(rank=0, local_rank=0, world_size=2, device=torch.device("cpu"), backend="gloo")
+    check_table_layout(cfg, gloo, [1_000_000, 200_000])  # gloo keeps sparse updates
