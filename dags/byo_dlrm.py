@@ -6,7 +6,7 @@ then every CSV file it names, from file://, http(s):// or s3:// — relative pat
 the spec's own folder; resumable and checksummed) → `validate` (every row against the spec: field count, ids are
 non-negative integers below a declared cardinality, numericals parse and fit float16, label 0/1; bad rows
 quarantined within RECFLOW_BAD_ROW_BUDGET, a Great Expectations report kept; one error line naming file, line and
-column otherwise) → `transcode` (Spark: NVIDIA's transcode semantics — `auto` cardinality = max id + 1, a
+column otherwise) → `transcode` (arrow on one machine, Spark with a cluster master, the same bytes: NVIDIA's transcode semantics — `auto` cardinality = max id + 1, a
 declared one must cover the ids found, dtypes by cardinality, features renamed num_i / cat_i.bin / label; the
 dataset replaced atomically, never appended to) → `validate_dataset` (NVIDIA's FeatureSpec checks and a full scan)
 → `train` (DLRM, torchrun with `nproc` processes; resumes from its last checkpoint on retry) → `evaluate` (ROC AUC,
@@ -21,10 +21,11 @@ from __future__ import annotations
 
 from airflow.sdk import Param, dag, task
 
+from tasks.byo.pipeline import ENGINE_ENV, TRANSCODE_ENGINES
 from tasks.byo.profiles import KNOBS, PROFILES
 from tasks.core.config import load_settings
-from tasks.dagkit import (DEFAULT_ARGS, SPARK_TASK, TRAIN_TASK, device_param, fail_without_retry, knob_params,
-                          profile_param, release_params, spark_master)
+from tasks.dagkit import (DEFAULT_ARGS, DOWNLOAD_TASK, SPARK_TASK, TRAIN_TASK, device_param, engine_param, fail_without_retry,
+                          knob_params, profile_param, release_params, spark_master)
 from tasks.release.steps import failure_callback
 
 record_failure = failure_callback("byo_dlrm")
@@ -50,6 +51,11 @@ record_failure = failure_callback("byo_dlrm")
         "nproc": Param(None, type=["null", "integer"], minimum=1, maximum=64, title="Training processes",
                        description="torchrun --nproc_per_node. Empty = the deployment's RECFLOW_TRAIN_NPROC (1)."),
         "device": device_param(),
+        "engine": engine_param(TRANSCODE_ENGINES, ENGINE_ENV,
+                               "arrow: the transcode in the worker's process, no JVM; spark: spark-submit. Both "
+                               "write the same bytes.",
+                               default="arrow on one machine (spark_default names no master or a local[...] one, "
+                                       "local Spark profile), else spark"),
         **knob_params(KNOBS, PROFILES),
         **release_params("byo_dlrm"),
     },
@@ -63,7 +69,7 @@ def byo_dlrm():
 
         return fail_without_retry(ValueError, NotAllowed, DownloadError)(resolve)(load_settings(), dict(context["params"]))
 
-    @task
+    @task(**DOWNLOAD_TASK)
     def fetch(run: dict, **context) -> dict:
         from tasks.byo.pipeline import fetch_sources
         from tasks.core.config import NotAllowed
@@ -84,7 +90,8 @@ def byo_dlrm():
     def transcode(validated: dict, **context) -> dict:
         from tasks.byo.pipeline import transcode as run_transcode
 
-        return run_transcode(load_settings(), context["run_id"], spark_master=spark_master())
+        return run_transcode(load_settings(), context["run_id"], spark_master=spark_master(),
+                             engine=context["params"]["engine"])
 
     @task
     def validate_dataset(dataset: dict, **context) -> dict:

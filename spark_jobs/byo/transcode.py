@@ -101,7 +101,9 @@ def parse_chunk(spark, spec, chunk, path: Path):
         if channel == NUMERICAL_CHANNEL:
             number = text.try_cast("double")
             valid = valid & F.coalesce(F.abs(number) <= F.lit(FLOAT16_MAX), F.lit(False))
-            value = F.when(valid, number)  # double: rounded once, to float16, as NVIDIA's astype does
+            # NVIDIA's rule: torch.tensor(float64).to(torch.float16) rounds twice, double -> float32 -> float16
+            # (c10::Half is built from a float); the writer rounds this float32 to float16.
+            value = F.when(valid, number.cast("float"))
         elif channel == CATEGORICAL_CHANNEL:
             value = F.when(valid, F.regexp_extract(text, r"^([0-9]+)", 1).try_cast("long"))
         else:
@@ -186,6 +188,14 @@ class MappingStream:
         shutil.rmtree(self.parquet_dir)
 
 
+def check_bad_rows(expected_json: str | None, dropped: dict[str, int]) -> None:
+    """--expected-bad-rows (the validation's count per mapping) must equal what the transcode dropped."""
+    expected = json.loads(expected_json) if expected_json else None
+    if expected is not None and {m: int(expected.get(m, 0)) for m in MAPPINGS} != dropped:
+        raise RuntimeError(f"the transcode found bad rows {dropped} but the validation counted {expected}: the two "
+                           "disagree on the row rules")
+
+
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description="CSV files + CSV FeatureSpec -> split-binary train/test + spec")
     parser.add_argument("--spec", required=True, type=Path, help="the CSV FeatureSpec yaml (paths relative to it)")
@@ -219,10 +229,7 @@ def main(argv: Sequence[str]) -> TranscodeResult:
         if lines[mapping] - dropped[mapping] == 0:
             raise ValueError(f"source_spec.{mapping}: no good row in {lines[mapping]} lines")
     log.info("lines %s, bad rows dropped %s", lines, dropped)
-    expected = json.loads(args.expected_bad_rows) if args.expected_bad_rows else None
-    if expected is not None and {m: int(expected.get(m, 0)) for m in MAPPINGS} != dropped:
-        raise RuntimeError(f"the transcode found bad rows {dropped} but the validation counted {expected}: the two "
-                           "disagree on the row rules")
+    check_bad_rows(args.expected_bad_rows, dropped)
     names = spec.channel_spec[CATEGORICAL_CHANNEL]
     cardinalities = resolve_cardinalities(spec, {name: found[c] for name, c in zip(names, categorical)})
     log.info("cardinalities: %s", dict(zip(names, cardinalities)))

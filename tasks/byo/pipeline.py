@@ -1,5 +1,5 @@
 """The byo_dlrm steps: a user's CSV FeatureSpec and its CSV files (file / http(s) / s3 URIs) fetched, validated,
-transcoded to split-binary by Spark, checked, and trained / evaluated / gated / published through the same
+transcoded to split-binary (arrow engine on one machine, Spark with a cluster master: the same bytes), checked, and trained / evaluated / gated / published through the same
 machinery as every DLRM pipeline (tasks.core.launch, tasks.release.steps). Plain functions; the DAG only wires them.
 
 Each step keys its output by the DAG run (tasks.core.layout.run_dir) and by a manifest of its inputs, so a retry
@@ -31,9 +31,11 @@ SPEC_FILE = "feature_spec.yaml"
 TRAIN_MODULE = "models.dlrm.train"
 EVALUATE_MODULE = "models.dlrm.evaluate"
 SPEC_URI_ENV = "RECFLOW_BYO_SPEC_URI"
+TRANSCODE_ENGINES = ("arrow", "spark")
+ENGINE_ENV = "RECFLOW_BYO_TRANSCODE_ENGINE"  # arrow | spark; unset: arrow on one machine, spark on a cluster master
 # Bump when a step's semantics change: cached outputs are then rebuilt.
 VALIDATION_VERSION = 1
-TRANSCODE_VERSION = 1
+TRANSCODE_VERSION = 2  # 2: numericals rounded float64 -> float32 -> float16, as NVIDIA's transcode.py
 
 
 class StepInputMissing(FileNotFoundError):
@@ -147,12 +149,20 @@ def validate(settings: Settings, run_id: str, fetched: dict[str, Any]) -> dict[s
                          block_bytes=settings.validation_block_bytes) | {"cached": False}
 
 
-def transcode(settings: Settings, run_id: str, *, spark_master: str = "local[*]",
-              spark_profile: str | None = None) -> dict[str, Any]:
-    """CSV -> split-binary + feature_spec.yaml (spark_jobs/byo/transcode.py, by spark-submit); a no-op when the
-    dataset already carries a manifest for the same validated inputs."""
-    from tasks.core.spark_submit import SparkSubmit, run_spark_job
+def transcode_engine(engine: str | None, spark_master: str | None, spark_profile: str) -> str:
+    """The engine given, else RECFLOW_BYO_TRANSCODE_ENGINE, else arrow on one machine (no Spark master or a
+    local[...] one, local profile) and spark otherwise; logged with its reason."""
+    from tasks.core.spark_submit import choose_engine_for_master
 
+    return choose_engine_for_master("byo transcode", engine, ENGINE_ENV, TRANSCODE_ENGINES, spark_master,
+                                    spark_profile)
+
+
+def transcode(settings: Settings, run_id: str, *, spark_master: str = "local[*]",
+              spark_profile: str | None = None, engine: str | None = None) -> dict[str, Any]:
+    """CSV -> split-binary + feature_spec.yaml: tasks/byo/transcode_arrow.py in this process, or
+    spark_jobs/byo/transcode.py by spark-submit (transcode_engine); both write the same bytes, so the cache key does
+    not name the engine. A no-op when the dataset already carries a manifest for the same validated inputs."""
     paths = run_paths(settings, run_id)
     validated = read_manifest(paths.validated)
     if validated is None or validated.get("kind") != "byo_validated_csv":
@@ -162,18 +172,29 @@ def transcode(settings: Settings, run_id: str, *, spark_master: str = "local[*]"
     cached = manifest is not None
     if manifest is None:
         started = time.monotonic()
+        profile = spark_profile or settings.spark_profile
+        chosen = transcode_engine(engine, spark_master, profile)
         args = ["--spec", str(paths.source / SPEC_FILE), "--output", str(paths.dataset),
                 "--expected-bad-rows", json.dumps(validated["extra"]["bad_rows"]), "--inputs-json", json.dumps(inputs)]
-        run_spark_job(SparkSubmit("byo/transcode.py", args, master=spark_master,
-                                  profile=spark_profile or settings.spark_profile), label=f"spark transcode {run_id}")
+        if chosen == "arrow":
+            from tasks.byo.transcode_arrow import main as transcode_here
+
+            transcode_here(args)
+        else:
+            from tasks.core.spark_submit import SparkSubmit, run_spark_job
+
+            run_spark_job(SparkSubmit("byo/transcode.py", args, master=spark_master, profile=profile),
+                          label=f"spark transcode {run_id}")
         manifest = read_manifest(paths.dataset)
         if manifest is None or manifest.get("inputs_fingerprint") != fingerprint(inputs):
-            raise RuntimeError(f"byo/transcode.py finished but wrote no manifest for these inputs in {paths.dataset}")
-        log.info("transcode finished in %.1f s", time.monotonic() - started)
+            raise RuntimeError(f"the {chosen} transcode finished but wrote no manifest for these inputs in "
+                               f"{paths.dataset}")
+        log.info("%s transcode finished in %.1f s", chosen, time.monotonic() - started)
     else:
         log.info("dataset for these inputs already written (%s): nothing to do", paths.dataset)
     return {"path": str(paths.dataset), "rows": manifest["rows"], "cardinalities": manifest["extra"]["cardinalities"],
-            "dropped": manifest["extra"]["dropped"], "fingerprint": manifest["inputs_fingerprint"], "cached": cached}
+            "dropped": manifest["extra"]["dropped"], "fingerprint": manifest["inputs_fingerprint"], "cached": cached,
+            "engine": manifest["extra"].get("engine", "spark")}
 
 
 class DatasetInvalid(ValueError):

@@ -15,6 +15,7 @@ which rows are bad.
 from __future__ import annotations
 
 import os
+import reprlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -41,6 +42,12 @@ RULE_TEXT = {
     NUMERICAL_CHANNEL: "is not a number",
     LABEL_CHANNEL: "is not 0 or 1",
 }
+MAX_SPEC_BYTES = 1 << 20      # a spec file; NVIDIA's Criteo spec is 6 KB
+MAX_SPEC_NODES = 100_000      # YAML nodes with aliases expanded (~10,000 features)
+MAX_SPEC_CHARS = 4 << 20      # scalar characters with aliases expanded
+SHOWN_CHARS = 200             # a value quoted in an error line
+_REPR = reprlib.Repr()
+_REPR.maxlevel, _REPR.maxlist, _REPR.maxdict, _REPR.maxstring, _REPR.maxother = 2, 4, 4, 60, 60
 PATTERNS = {CATEGORICAL_CHANNEL: CATEGORICAL_PATTERN, NUMERICAL_CHANNEL: NUMERICAL_PATTERN,
             LABEL_CHANNEL: LABEL_PATTERN}
 
@@ -59,12 +66,62 @@ class CsvChunk:
 def load_csv_spec(path: str | os.PathLike[str]) -> FeatureSpec:
     """Read and check a CSV input spec (see the module docstring); FeatureSpecError with one line on a bad one."""
     path = Path(path).resolve()
+    check_spec_size(path)
     spec = FeatureSpec.from_yaml(path)
     try:
         check_csv_spec(spec)
     except FeatureSpecError as err:
         raise FeatureSpecError(f"{path}: {err}") from None
     return spec
+
+
+def shown(value: Any) -> str:
+    """A value as an error line quotes it: repr bounded in depth, items and length (a spec's value may be an alias
+    bomb or a megabyte string)."""
+    text = _REPR.repr(value)
+    return text if len(text) <= SHOWN_CHARS else text[:SHOWN_CHARS] + "..."
+
+
+def check_spec_size(path: Path) -> None:
+    """Refuse a spec file over MAX_SPEC_BYTES, or whose YAML, aliases expanded, holds more than MAX_SPEC_NODES
+    nodes or MAX_SPEC_CHARS characters of scalars (a 400-byte alias bomb expands 9-fold per level), or whose top
+    level is not a mapping; before anything walks or prints it."""
+    import yaml
+
+    size = path.stat().st_size
+    if size > MAX_SPEC_BYTES:
+        raise FeatureSpecError(f"{path}: {size} bytes; a feature spec may hold at most {MAX_SPEC_BYTES}")
+    try:
+        root = yaml.compose(path.read_bytes(), Loader=yaml.SafeLoader)
+    except yaml.YAMLError as err:
+        raise FeatureSpecError(f"{path}: not valid YAML ({' '.join(str(err).split())[:SHOWN_CHARS]})") from None
+    nodes, chars = _expanded_size(root, {})
+    if nodes > MAX_SPEC_NODES or chars > MAX_SPEC_CHARS:
+        raise FeatureSpecError(f"{path}: with its aliases expanded the spec holds {nodes} YAML nodes and {chars} "
+                               f"characters; at most {MAX_SPEC_NODES} nodes and {MAX_SPEC_CHARS} characters allowed "
+                               "(an alias bomb?)")
+    if not isinstance(root, yaml.MappingNode):
+        raise FeatureSpecError(f"{path}: a feature spec is a mapping of sections (channel_spec, feature_spec, "
+                               f"source_spec, metadata), got {'nothing' if root is None else root.tag}")
+
+
+def _expanded_size(node, seen: dict[int, tuple[int, int]]) -> tuple[int, int]:
+    """(nodes, scalar characters) of a composed YAML node with every alias expanded; each distinct node is sized
+    once (an alias is the same node object), so this is linear in the file however much it expands."""
+    import yaml
+
+    if node is None:
+        return 0, 0
+    if id(node) in seen:
+        return seen[id(node)]
+    if isinstance(node, yaml.ScalarNode):
+        size = (1, len(node.value))
+    else:
+        children = node.value if isinstance(node, yaml.SequenceNode) else [n for pair in node.value for n in pair]
+        sizes = [_expanded_size(child, seen) for child in children]
+        size = (1 + sum(n for n, _ in sizes), sum(c for _, c in sizes))
+    seen[id(node)] = size
+    return size
 
 
 def check_csv_spec(spec: FeatureSpec) -> None:
@@ -93,11 +150,11 @@ def _check_channels(spec: FeatureSpec) -> None:
     for channel in CHANNELS:
         names = spec.channel_spec[channel]
         if not isinstance(names, list) or not all(isinstance(n, str) and n for n in names):
-            raise FeatureSpecError(f"channel_spec.{channel}: must be a list of feature names, got {names!r}")
+            raise FeatureSpecError(f"channel_spec.{channel}: must be a list of feature names, got {shown(names)}")
         for name in names:
             if name in owner:
-                where = "twice" if owner[name] == channel else f"also in channel {owner[name]!r}"
-                raise FeatureSpecError(f"channel_spec.{channel}: feature {name!r} listed {where}")
+                where = "twice" if owner[name] == channel else f"also in channel {shown(owner[name])}"
+                raise FeatureSpecError(f"channel_spec.{channel}: feature {shown(name)} listed {where}")
             owner[name] = channel
     if len(spec.channel_spec[LABEL_CHANNEL]) != 1:
         raise FeatureSpecError(f"channel_spec.label: exactly one label feature required, found "
@@ -110,7 +167,7 @@ def _check_channels(spec: FeatureSpec) -> None:
         raise FeatureSpecError(f"feature_spec.{unknown[0]}: feature is in no channel of channel_spec")
     undefined = sorted(set(owner) - set(spec.feature_spec))
     if undefined:
-        raise FeatureSpecError(f"channel_spec: feature {undefined[0]!r} has no entry in feature_spec")
+        raise FeatureSpecError(f"channel_spec: feature {shown(undefined[0])} has no entry in feature_spec")
 
 
 def _check_features(spec: FeatureSpec) -> None:
@@ -120,12 +177,13 @@ def _check_features(spec: FeatureSpec) -> None:
         where = f"feature_spec.{name}"
         props = {} if props is None else props
         if not isinstance(props, dict):
-            raise FeatureSpecError(f"{where}: must be a mapping (dtype, cardinality), got {props!r}")
+            raise FeatureSpecError(f"{where}: must be a mapping (dtype, cardinality), got {shown(props)}")
         if DTYPE_SELECTOR in props:
             try:
                 np.dtype(props[DTYPE_SELECTOR])
             except (TypeError, ValueError):
-                raise FeatureSpecError(f"{where}: dtype {props[DTYPE_SELECTOR]!r} is not a numpy dtype") from None
+                raise FeatureSpecError(f"{where}: dtype {shown(props[DTYPE_SELECTOR])} is not a numpy "
+                                       "dtype") from None
         if name not in categorical:
             continue
         if CARDINALITY_SELECTOR not in props:
@@ -134,7 +192,7 @@ def _check_features(spec: FeatureSpec) -> None:
         if card == AUTO_CARDINALITY:
             continue
         if not isinstance(card, int) or isinstance(card, bool) or card <= 0:
-            raise FeatureSpecError(f"{where}: cardinality {card!r} is not a positive integer or 'auto'")
+            raise FeatureSpecError(f"{where}: cardinality {shown(card)} is not a positive integer or 'auto'")
         if card > np.iinfo(np.int32).max - 1:
             raise FeatureSpecError(f"{where}: cardinality {card} is too big for int32 ids (max 2147483646)")
 
@@ -142,41 +200,47 @@ def _check_features(spec: FeatureSpec) -> None:
 def _check_mapping(spec: FeatureSpec, mapping: str) -> None:
     chunks = spec.source_spec[mapping]
     if not isinstance(chunks, list) or not chunks:
-        raise FeatureSpecError(f"source_spec.{mapping}: must be a non-empty list of chunks, got {chunks!r}")
+        raise FeatureSpecError(f"source_spec.{mapping}: must be a non-empty list of chunks, got {shown(chunks)}")
     seen: set[str] = set()
     for index, chunk in enumerate(chunks):
         where = f"source_spec.{mapping}[{index}]"
         if not isinstance(chunk, dict) or not {TYPE_SELECTOR, FEATURES_SELECTOR, FILES_SELECTOR} <= set(chunk):
-            raise FeatureSpecError(f"{where}: a chunk needs 'type', 'features' and 'files', got {chunk!r}")
+            raise FeatureSpecError(f"{where}: a chunk needs 'type', 'features' and 'files', got {shown(chunk)}")
         extra = sorted(set(chunk) - {TYPE_SELECTOR, FEATURES_SELECTOR, FILES_SELECTOR})
         if extra:
             raise FeatureSpecError(f"{where}: unknown key(s) {extra}")
         if chunk[TYPE_SELECTOR] != CSV_CHUNK:
-            raise FeatureSpecError(f"{where}.type: {chunk[TYPE_SELECTOR]!r} is not {CSV_CHUNK!r} (the transcoder "
+            raise FeatureSpecError(f"{where}.type: {shown(chunk[TYPE_SELECTOR])} is not {CSV_CHUNK!r} (the transcoder "
                                    "reads CSV chunks only)")
         features, files = chunk[FEATURES_SELECTOR], chunk[FILES_SELECTOR]
         if not isinstance(features, list) or not features or not all(isinstance(f, str) for f in features):
-            raise FeatureSpecError(f"{where}.features: needs a list of at least one feature name, got {features!r}")
-        if not isinstance(files, list) or len(files) != 1:
-            raise FeatureSpecError(f"{where}.files: needs exactly 1 file, got {files!r}")
+            raise FeatureSpecError(f"{where}.features: needs a list of at least one feature name, got "
+                                   f"{shown(features)}")
+        if isinstance(files, list) and len(files) > 1:
+            # NVIDIA's transcoder asserts one file per chunk; rows of several files would be their concatenation,
+            # which no NVIDIA tool writes or reads for CSV chunks.
+            raise FeatureSpecError(f"{where}.files: a CSV chunk reads exactly 1 file (NVIDIA's transcoder refuses "
+                                   f"more), got {len(files)}: {shown(files)}; concatenate them into one file")
+        if not isinstance(files, list) or len(files) != 1 or not isinstance(files[0], str):
+            raise FeatureSpecError(f"{where}.files: needs a list of exactly 1 file path, got {shown(files)}")
         if (problem := _chunk_file_error(f"{where}.files", files[0])) is not None:
             raise FeatureSpecError(problem)
         for feature in features:
             if feature not in spec.feature_spec:
-                raise FeatureSpecError(f"{where}.features: unknown feature {feature!r} (not in feature_spec)")
+                raise FeatureSpecError(f"{where}.features: unknown feature {shown(feature)} (not in feature_spec)")
             if feature in seen:
-                raise FeatureSpecError(f"{where}.features: feature {feature!r} appears in more than one chunk")
+                raise FeatureSpecError(f"{where}.features: feature {shown(feature)} appears in more than one chunk")
             seen.add(feature)
     missing = sorted(set(spec.feature_spec) - seen)
     if missing:
-        raise FeatureSpecError(f"source_spec.{mapping}: feature {missing[0]!r} is in no chunk of this mapping")
+        raise FeatureSpecError(f"source_spec.{mapping}: feature {shown(missing[0])} is in no chunk of this mapping")
 
 
 def channel_of(spec: FeatureSpec, feature: str) -> str:
     for channel in CHANNELS:
         if feature in spec.channel_spec[channel]:
             return channel
-    raise FeatureSpecError(f"feature {feature!r} is in no channel")
+    raise FeatureSpecError(f"feature {shown(feature)} is in no channel")
 
 
 def csv_chunks(spec: FeatureSpec, mapping: str) -> list[CsvChunk]:

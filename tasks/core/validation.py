@@ -9,7 +9,6 @@ GX suite. Nothing here knows a column name.
 
 from __future__ import annotations
 
-import io
 import json
 import logging
 from collections import Counter
@@ -55,11 +54,14 @@ class LongLine:
     head: bytes  # its first bytes, for the quarantine
 
 
-def iter_line_blocks(path: Path, block_bytes: int, max_line_bytes: int) -> Iterator[tuple[int, bytes, list[LongLine]]]:
+def iter_line_blocks(path: Path, block_bytes: int, max_line_bytes: int,
+                     opener: Callable[[Path], Any] | None = None) -> Iterator[tuple[int, bytes, list[LongLine]]]:
     """Yield (first line number, block of whole lines, over-long lines skipped before it); memory ~ block_bytes
-    whatever the file's size, even when a hostile file holds no newline at all."""
+    whatever the file's size, even when a hostile file holds no newline at all. `opener`: how to open the file as a
+    binary stream (default: as it is; e.g. gzip.open to read a .gz file's lines)."""
     line_no, carry = 1, b""
-    with open(path, "rb") as f:
+    with (opener or _open_binary)(path) as raw:
+        f = _PushbackReader(raw)
         while chunk := f.read(block_bytes):
             data = carry + chunk
             cut = data.rfind(b"\n")
@@ -77,13 +79,34 @@ def iter_line_blocks(path: Path, block_bytes: int, max_line_bytes: int) -> Itera
         yield line_no, carry, []
 
 
-def _skip_long_line(f, head: bytes, line_no: int) -> LongLine:
+def _open_binary(path: Path):
+    return open(path, "rb")
+
+
+class _PushbackReader:
+    """read(n) over a binary stream, serving bytes handed back first: skipping a long line reads past its end and
+    hands the rest back, instead of seeking (a decompressing stream cannot seek back cheaply)."""
+
+    def __init__(self, stream) -> None:
+        self.stream, self.pending = stream, b""
+
+    def read(self, n: int) -> bytes:
+        if not self.pending:
+            return self.stream.read(n)
+        head, self.pending = self.pending[:n], self.pending[n:]
+        return head + (self.stream.read(n - len(head)) if len(head) < n else b"")
+
+    def unread(self, data: bytes) -> None:
+        self.pending = data + self.pending
+
+
+def _skip_long_line(f: _PushbackReader, head: bytes, line_no: int) -> LongLine:
     length = len(head)
     while chunk := f.read(1 << 20):
         end = chunk.find(b"\n")
         if end >= 0:
             length += end
-            f.seek(end + 1 - len(chunk), io.SEEK_CUR)
+            f.unread(chunk[end + 1:])
             break
         length += len(chunk)
     return LongLine(line_no, length, head[:200])
