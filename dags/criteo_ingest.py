@@ -21,7 +21,7 @@ from tasks.core.config import load_settings
 from tasks.criteo.dagkit import CRITEO_DAY_STATS, criteo_day
 from tasks.criteo.retrain import TRAIN_DAG, decide_retrain
 from tasks.criteo.settings import load_criteo_settings
-from tasks.dagkit import DEFAULT_ARGS, SPARK_TASK, fail_without_retry, spark_master
+from tasks.dagkit import DEFAULT_ARGS, DOWNLOAD_TASK, SPARK_TASK, fail_without_retry, spark_master
 from tasks.dagkit.retrain import TriggerWhenReady
 
 
@@ -59,7 +59,7 @@ from tasks.dagkit.retrain import TriggerWhenReady
     },
 )
 def criteo_ingest():
-    @task
+    @task(**DOWNLOAD_TASK)
     def download(**context) -> dict:
         from tasks.core.config import NotAllowed
         from tasks.criteo.ingest import download_day

@@ -20,7 +20,7 @@ import os
 from airflow.sdk import CronTriggerTimetable, Param, dag, task
 
 from tasks.core.config import load_settings
-from tasks.dagkit import DEFAULT_ARGS, fail_without_retry
+from tasks.dagkit import DEFAULT_ARGS, DOWNLOAD_TASK, fail_without_retry
 from tasks.movielens.dagkit import MOVIELENS_RATINGS, announcement
 from tasks.movielens.schema import DATASETS
 
@@ -54,7 +54,7 @@ from tasks.movielens.schema import DATASETS
     },
 )
 def movielens_ingest():
-    @task
+    @task(**DOWNLOAD_TASK)
     def download(**context) -> dict:
         from tasks.core.config import NotAllowed
         from tasks.movielens.ingest import ChecksumMismatch, download_snapshot

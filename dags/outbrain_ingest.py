@@ -22,7 +22,7 @@ import os
 from airflow.sdk import CronTriggerTimetable, Param, dag, task
 
 from tasks.core.config import load_settings
-from tasks.dagkit import DEFAULT_ARGS, fail_without_retry
+from tasks.dagkit import DEFAULT_ARGS, DOWNLOAD_TASK, fail_without_retry
 from tasks.outbrain.dagkit import OUTBRAIN_CLICKS, announcement
 
 SNAPSHOT_NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
@@ -57,7 +57,7 @@ SNAPSHOT_NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
     },
 )
 def outbrain_ingest():
-    @task
+    @task(**DOWNLOAD_TASK)
     def download(**context) -> dict:
         from tasks.core.config import NotAllowed
         from tasks.outbrain.ingest import ChecksumMismatch, download_snapshot

@@ -9,6 +9,11 @@ server object, so a test can change them between calls:
                            (setting it again re-arms it for the next response)
   server.requests          every request seen, as (path, Range header or None)
   server.write_delay_s     seconds to sleep after each 64 KiB written (a slow source; default 0)
+  server.send_validators   False: send neither ETag nor Last-Modified (a source whose version cannot be named)
+  server.redirects         {path: location}: answer GET path with 302 Location (a redirecting source)
+
+Every file is served with an ETag (its size and mtime) and Last-Modified, and If-Range is honoured as RFC 9110 says:
+a Range whose If-Range does not name the current ETag / date is ignored (200, the whole file).
 """
 
 from __future__ import annotations
@@ -20,10 +25,17 @@ import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from email.utils import formatdate
 from urllib.parse import unquote, urlsplit
 
 _RANGE = re.compile(r"bytes=(\d+)-(\d*)$")
 _WRITE_BYTES = 64 << 10
+
+
+def etag_of(path: Path) -> str:
+    """The ETag the server sends for a file: its size and modification time (a new version, a new tag)."""
+    stat = Path(path).stat()
+    return f'"{stat.st_size:x}-{stat.st_mtime_ns:x}"'
 
 
 class RangeHTTPServer(ThreadingHTTPServer):
@@ -36,6 +48,8 @@ class RangeHTTPServer(ThreadingHTTPServer):
         self.requests: list[tuple[str, str | None]] = []
         self.drop_after_bytes = drop_after_bytes
         self.write_delay_s = 0.0
+        self.send_validators = True
+        self.redirects: dict[str, str] = {}
         super().__init__(("127.0.0.1", 0), _RangeHandler)
 
     @property
@@ -72,13 +86,24 @@ class _RangeHandler(BaseHTTPRequestHandler):
     def do_GET(self) -> None:
         range_header = self.headers.get("Range")
         self.server.record(self.path, range_header)
+        if self.path in self.server.redirects:
+            self.send_response(302)
+            self.send_header("Location", self.server.redirects[self.path])
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
         file = self._resolve()
         if file is None:
             self.send_error(404)
             return
-        size = file.stat().st_size
+        stat = file.stat()
+        size = stat.st_size
+        etag, modified = etag_of(file), formatdate(stat.st_mtime, usegmt=True)
         first, last, status = 0, size - 1, 200
         match = _RANGE.match(range_header or "")
+        if_range = self.headers.get("If-Range")
+        if match and if_range is not None and if_range not in (etag, modified):
+            match = None  # the file changed since the client's copy began: send all of it
         if match and self.server.honour_range:
             first = int(match.group(1))
             last = min(int(match.group(2)) if match.group(2) else size - 1, size - 1)
@@ -90,6 +115,9 @@ class _RangeHandler(BaseHTTPRequestHandler):
         self.send_header("Content-Type", "application/octet-stream")
         self.send_header("Accept-Ranges", "bytes" if self.server.honour_range else "none")
         self.send_header("Content-Length", str(last - first + 1))
+        if self.server.send_validators:
+            self.send_header("ETag", etag)
+            self.send_header("Last-Modified", modified)
         if status == 206:
             self.send_header("Content-Range", f"bytes {first}-{last}/{size}")
         self.end_headers()

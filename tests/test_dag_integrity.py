@@ -34,7 +34,9 @@ for dag_id, dag in bag.dags.items():
         "tags": sorted(dag.tags),
         "doc": bool(dag.doc_md),
         "tasks": {t.task_id: {"retries": t.retries, "pool": t.pool, "queue": t.queue,
-                              "on_failure": bool(t.on_failure_callback)} for t in dag.tasks},
+                              "on_failure": bool(t.on_failure_callback),
+                              "timeout_s": t.execution_timeout.total_seconds() if t.execution_timeout else None}
+                  for t in dag.tasks},
         "params": {k: dag.params.get_param(k).description for k in dag.params.keys()},
         "schemas": {k: {"type": dag.params.get_param(k).schema.get("type"), "default": dag.params.get_param(k).value}
                     for k in dag.params.keys()},
@@ -101,6 +103,28 @@ def test_every_task_retries_at_least_twice(parsed):
     for dag_id, dag in parsed["dags"].items():
         for task_id, task in dag["tasks"].items():
             assert task["retries"] >= 2, f"{dag_id}.{task_id} retries {task['retries']}"
+
+
+def test_every_task_has_an_execution_timeout_by_kind(parsed):
+    """No task may run forever (a trickling source, a hung Spark job or training holds its pool slot): every task
+    of every DAG has an execution_timeout, the deployment's for its kind (tasks.core.config.Settings)."""
+    from tasks.core.config import Settings
+
+    limits = Settings()
+    downloads = {("criteo_ingest", "download"), ("movielens_ingest", "download"), ("outbrain_ingest", "download"),
+                 ("byo_dlrm", "fetch")}
+    for dag_id, dag in parsed["dags"].items():
+        for task_id, task in dag["tasks"].items():
+            expected = (limits.download_task_timeout_s if (dag_id, task_id) in downloads
+                        else limits.spark_task_timeout_s if task["pool"] == "spark"
+                        else limits.train_task_timeout_s if task["pool"] == "train" else limits.task_timeout_s)
+            assert task["timeout_s"] == expected, f"{dag_id}.{task_id} execution_timeout {task['timeout_s']}"
+
+
+def test_task_timeouts_come_from_the_deployment_settings(tmp_path_factory):
+    custom = _parse(tmp_path_factory, RECFLOW_TASK_TIMEOUT_S="60", RECFLOW_TRAIN_TASK_TIMEOUT_S="7200")
+    timeouts = {(d, t): task["timeout_s"] for d, dag in custom["dags"].items() for t, task in dag["tasks"].items()}
+    assert timeouts[("criteo_dlrm", "train")] == 7200 and timeouts[("criteo_dlrm", "evaluate")] == 60
 
 
 def test_every_param_is_described_for_the_trigger_form(parsed):

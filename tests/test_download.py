@@ -17,6 +17,7 @@ import pytest
 
 from tasks.core.download import ChecksumMismatch, DownloadError, SourceNotFound, download, s3_client_from_connection
 from tests.conftest import REPO
+from tests.http_range_server import etag_of
 from tests.servers import free_port
 
 CHUNK = 64 << 10  # small chunks, so a 300 KB source streams as several reads
@@ -41,6 +42,12 @@ def _sha(data: bytes) -> str:
 
 def _leftovers(directory: Path) -> list[str]:
     return sorted(p.name for p in directory.iterdir())
+
+
+def _leave_part(out: Path, url: str, data: bytes, validator: str) -> None:
+    """A .part an earlier attempt left, with the record of the URL and source version its bytes came from."""
+    (out / "day_0.part").write_bytes(data)
+    (out / "day_0.part.json").write_text(json.dumps({"source": url, "validator": validator}))
 
 
 @pytest.fixture(autouse=True)
@@ -158,14 +165,15 @@ def test_http_interruption_beyond_attempts_keeps_part_for_next_retry(http_server
         download(http_server.url("day_0"), out / "day_0", chunk_bytes=CHUNK, max_resume_attempts=0)
     part = out / "day_0.part"
     kept = part.read_bytes()
-    assert _leftovers(out) == ["day_0.part"] and 0 < len(kept) <= 100_000 and source.startswith(kept)
+    assert _leftovers(out) == ["day_0.part", "day_0.part.json"] and 0 < len(kept) <= 100_000
+    assert source.startswith(kept)
     retried = download(http_server.url("day_0"), out / "day_0", chunk_bytes=CHUNK, expected_sha256=_sha(source))
     assert retried.resumed_from == len(kept)
     assert (out / "day_0").read_bytes() == source and not part.exists()
 
 
 def test_leftover_part_resumes_with_range(http_server, source: bytes, out: Path) -> None:
-    (out / "day_0.part").write_bytes(source[:123_456])
+    _leave_part(out, http_server.url("day_0"), source[:123_456], etag_of(http_server.root / "day_0"))
     result = download(http_server.url("day_0"), out / "day_0", expected_sha256=_sha(source), chunk_bytes=CHUNK)
     assert result.resumed_from == 123_456
     assert http_server.server.requests == [("/day_0", "bytes=123456-")]
@@ -173,7 +181,7 @@ def test_leftover_part_resumes_with_range(http_server, source: bytes, out: Path)
 
 
 def test_complete_leftover_part_needs_no_body(http_server, source: bytes, out: Path) -> None:
-    (out / "day_0.part").write_bytes(source)
+    _leave_part(out, http_server.url("day_0"), source, etag_of(http_server.root / "day_0"))
     result = download(http_server.url("day_0"), out / "day_0", expected_sha256=_sha(source))
     assert http_server.server.requests == [("/day_0", f"bytes={len(source)}-")]  # answered 416, nothing resent
     assert (out / "day_0").read_bytes() == source and result.resumed_from == len(source)
@@ -182,7 +190,7 @@ def test_complete_leftover_part_needs_no_body(http_server, source: bytes, out: P
 def test_server_ignoring_range_restarts_from_zero(http_server, source: bytes, out: Path) -> None:
     http_server.server.honour_range = False
     stale = b"stale bytes that are not the source prefix"
-    (out / "day_0.part").write_bytes(stale)
+    _leave_part(out, http_server.url("day_0"), stale, etag_of(http_server.root / "day_0"))
     result = download(http_server.url("day_0"), out / "day_0", expected_sha256=_sha(source), chunk_bytes=CHUNK)
     assert http_server.server.requests == [("/day_0", f"bytes={len(stale)}-")]  # one request: the 200 is used
     assert result.resumed_from == 0 and (out / "day_0").read_bytes() == source
@@ -282,8 +290,9 @@ def test_s3_leftover_part_resumes(s3_server, s3_bucket: str, out: Path) -> None:
     data = _payload()
     client = s3_server.client()
     client.put_object(Bucket=s3_bucket, Key="criteo/day_0", Body=data)
-    (out / "day_0.part").write_bytes(data[:200_000])
-    result = download(f"s3://{s3_bucket}/criteo/day_0", out / "day_0", s3_client=client, expected_sha256=_sha(data))
+    url = f"s3://{s3_bucket}/criteo/day_0"
+    _leave_part(out, url, data[:200_000], client.head_object(Bucket=s3_bucket, Key="criteo/day_0")["ETag"])
+    result = download(url, out / "day_0", s3_client=client, expected_sha256=_sha(data))
     assert result.resumed_from == 200_000 and result.sha256 == _sha(data)
     assert (out / "day_0").read_bytes() == data
 

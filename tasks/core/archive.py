@@ -1,4 +1,6 @@
-"""Unpacking a downloaded zip safely: every member must land inside the target folder (no zip-slip), no links.
+"""Unpacking a downloaded zip safely: every member must land inside the target folder (no zip-slip), no links, and
+no more bytes than the deployment's cap on expanded bytes (RECFLOW_EXPANDED_MAX_BYTES: a zip bomb is refused when the
+cap is reached, not when the disk is full). `copy_capped` is the same cap for any stream that expands (gunzip).
 
 `extract_zip` writes into a folder the caller owns; wrap it in tasks.core.storage.atomic_directory so the unpacked
 tree appears complete or not at all (and a retry after a kill starts from a clean temporary).
@@ -6,17 +8,45 @@ tree appears complete or not at all (and a retry after a kill starts from a clea
 
 from __future__ import annotations
 
-import shutil
 import stat
 import zipfile
 import zlib
 from collections.abc import Sequence
 from pathlib import Path, PurePosixPath
+from typing import BinaryIO
+
+from tasks.core.config import NotAllowed
 
 
 class ArchiveError(ValueError):
     """A zip that cannot be unpacked as it is: corrupt, a member escaping the folder, a link, a required member
     missing. The message is one line naming the archive and the member; bad input does not get better on retry."""
+
+
+class ExpansionLimitExceeded(ArchiveError, NotAllowed):
+    """Decompressing would write more than the deployment's cap: a decompression bomb, or a file far larger than any
+    expected. Bad input: the message names the setting that would allow it, and nothing is left marked complete."""
+
+
+def expanded_max_bytes() -> int:
+    """The deployment's cap on the bytes one decompression may write (RECFLOW_EXPANDED_MAX_BYTES)."""
+    from tasks.core.config import load_settings
+
+    return load_settings().expanded_max_bytes
+
+
+def copy_capped(source: BinaryIO, sink: BinaryIO, *, limit: int, what: str, already: int = 0,
+                chunk_bytes: int = 1 << 20) -> int:
+    """Copy a decompressing stream into `sink`, refusing once `already` + the bytes copied would pass `limit` (never
+    writing past it); returns the bytes written. `what` names the archive / member in the refusal."""
+    written = 0
+    while chunk := source.read(min(chunk_bytes, limit - already - written + 1)):
+        written += len(chunk)
+        if already + written > limit:
+            raise ExpansionLimitExceeded(f"{what} expands to more than {limit} bytes; refusing to unpack it (a "
+                                         f"decompression bomb? set RECFLOW_EXPANDED_MAX_BYTES to allow more)")
+        sink.write(chunk)
+    return written
 
 
 def _check_member(info: zipfile.ZipInfo, archive: Path) -> None:
@@ -40,14 +70,18 @@ def zip_members(archive: Path) -> list[str]:
         raise ArchiveError(f"{archive.name}: not a readable zip archive ({exc})") from None
 
 
-def extract_zip(archive: Path, folder: Path, *, required: Sequence[str] = (), chunk_bytes: int = 1 << 20) -> list[str]:
+def extract_zip(archive: Path, folder: Path, *, required: Sequence[str] = (), chunk_bytes: int = 1 << 20,
+                max_bytes: int | None = None) -> list[str]:
     """Unpack `archive` into the existing `folder`; returns the file members written.
 
     Every member name is checked before anything is written (absolute paths, '..' segments, backslashes, drive
     letters and symbolic links are refused), and each written path is checked to lie under `folder`. `required`
-    members must be present. A member whose bytes fail the zip's CRC fails the whole extraction."""
+    members must be present. A member whose bytes fail the zip's CRC fails the whole extraction. `max_bytes`: the
+    most bytes all members may expand to (None: RECFLOW_EXPANDED_MAX_BYTES); the sizes the zip declares are checked
+    before anything is written, the bytes actually written while writing (a zip may lie about its sizes)."""
     folder = Path(folder)
     root = folder.resolve()
+    limit = expanded_max_bytes() if max_bytes is None else max_bytes
     try:
         with zipfile.ZipFile(archive) as zf:
             infos = zf.infolist()
@@ -59,7 +93,12 @@ def extract_zip(archive: Path, folder: Path, *, required: Sequence[str] = (), ch
                 shown = sorted(names)[:10]
                 raise ArchiveError(f"{archive.name} holds no {', '.join(missing)} (members: {shown}"
                                    f"{'…' if len(names) > 10 else ''})")
-            written = []
+            declared = sum(info.file_size for info in infos)
+            if declared > limit:
+                raise ExpansionLimitExceeded(f"{archive.name} declares {declared} bytes of members, more than the "
+                                             f"{limit} allowed; refusing to unpack it (set RECFLOW_EXPANDED_MAX_BYTES "
+                                             "to allow more)")
+            written, total = [], 0
             for info in infos:
                 target = (folder / info.filename).resolve()
                 if not target.is_relative_to(root):
@@ -70,7 +109,8 @@ def extract_zip(archive: Path, folder: Path, *, required: Sequence[str] = (), ch
                     continue
                 target.parent.mkdir(parents=True, exist_ok=True)
                 with zf.open(info) as source, open(target, "wb") as sink:
-                    shutil.copyfileobj(source, sink, chunk_bytes)
+                    total += copy_capped(source, sink, limit=limit, already=total, chunk_bytes=chunk_bytes,
+                                         what=f"{archive.name} (at member {info.filename!r})")
                 written.append(info.filename)
             return written
     except (zipfile.BadZipFile, zlib.error, EOFError) as exc:

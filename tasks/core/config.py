@@ -28,6 +28,20 @@ each pipeline its training profiles. Environment variables (all optional; with n
                            commas or spaces (default: aws_default)
   RECFLOW_PARTITION_LOCK_TIMEOUT_S  seconds a step waits for another run's lock on the same partition before it
                            fails, to be retried (default 3600)
+  RECFLOW_DOWNLOAD_MAX_BYTES  source bytes one download may fetch (default 64 GiB; a Criteo day is ~15 GB gzipped)
+  RECFLOW_EXPANDED_MAX_BYTES  bytes one gunzip or one zip extraction may write (default 64 GiB; a Criteo day is
+                           ~46 GB of TSV): a decompression bomb is refused at the cap, not when the disk is full
+  RECFLOW_DOWNLOAD_DEADLINE_S seconds one download may take in all, resumes included (default 21600 = 6 h): a server
+                           that trickles bytes fails the task by then instead of holding a pool slot forever
+  RECFLOW_TASK_TIMEOUT_S, RECFLOW_DOWNLOAD_TASK_TIMEOUT_S, RECFLOW_SPARK_TASK_TIMEOUT_S, RECFLOW_TRAIN_TASK_TIMEOUT_S
+                           every task's Airflow execution_timeout by kind (defaults 6 h, 12 h, 24 h, 72 h: sized for
+                           full-scale runs; tasks.dagkit applies them)
+  RECFLOW_MAX_WINDOW_DAYS  most days one training window may hold (default 366)
+  RECFLOW_MAX_DAY_INDEX    highest day index a run may name (default 10000)
+  RECFLOW_MAX_LINE_BYTES   longest raw line read as a row (default 64 KiB): longer lines are bad rows, and never
+                           reach Spark's text reader whole
+  RECFLOW_TRAIN_MEMORY_BYTES  memory one training node may use, for the model-size preflight (default: the worker's
+                           MemAvailable from /proc/meminfo)
   RECFLOW_CODE_VERSION     the commit of the running code, for lineage (the image sets it at build time from the
                            GIT_COMMIT build arg; default: `git rev-parse HEAD` of the checkout, else 'unknown')
 
@@ -79,6 +93,18 @@ class Settings:
     publish_allowed: tuple[str, ...] = ()
     allowed_conn_ids: tuple[str, ...] = ("aws_default",)
     partition_lock_timeout_s: float = 3600.0
+    # Input limits (docs/security.md): what one download, decompression, task or window may take.
+    download_max_bytes: int = 64 << 30
+    expanded_max_bytes: int = 64 << 30
+    download_deadline_s: float = 6 * 3600.0
+    task_timeout_s: float = 6 * 3600.0
+    download_task_timeout_s: float = 12 * 3600.0
+    spark_task_timeout_s: float = 24 * 3600.0
+    train_task_timeout_s: float = 72 * 3600.0
+    max_window_days: int = 366
+    max_day_index: int = 10_000
+    max_line_bytes: int = 64 << 10
+    train_memory_bytes: int = 0  # 0: the worker's MemAvailable
 
     def allowed_file_roots(self, *source_folders: Path) -> tuple[Path, ...]:
         """Where file:// sources may point: a trigger form must not read any file the worker can see. Explicit
@@ -145,7 +171,40 @@ def load_settings(env: dict[str, str] | None = None) -> Settings:
         overrides["allowed_conn_ids"] = _list(env["RECFLOW_ALLOWED_CONN_IDS"])
     if env.get("RECFLOW_PARTITION_LOCK_TIMEOUT_S"):
         overrides["partition_lock_timeout_s"] = float(env["RECFLOW_PARTITION_LOCK_TIMEOUT_S"])
+    overrides.update(_limit_overrides(env))
     return replace(Settings(), **overrides)
+
+
+# The input-limit settings (Settings' input limits), one environment variable per field.
+_LIMITS: tuple[tuple[str, str, type], ...] = (
+    ("RECFLOW_DOWNLOAD_MAX_BYTES", "download_max_bytes", int),
+    ("RECFLOW_EXPANDED_MAX_BYTES", "expanded_max_bytes", int),
+    ("RECFLOW_DOWNLOAD_DEADLINE_S", "download_deadline_s", float),
+    ("RECFLOW_TASK_TIMEOUT_S", "task_timeout_s", float),
+    ("RECFLOW_DOWNLOAD_TASK_TIMEOUT_S", "download_task_timeout_s", float),
+    ("RECFLOW_SPARK_TASK_TIMEOUT_S", "spark_task_timeout_s", float),
+    ("RECFLOW_TRAIN_TASK_TIMEOUT_S", "train_task_timeout_s", float),
+    ("RECFLOW_MAX_WINDOW_DAYS", "max_window_days", int),
+    ("RECFLOW_MAX_DAY_INDEX", "max_day_index", int),
+    ("RECFLOW_MAX_LINE_BYTES", "max_line_bytes", int),
+    ("RECFLOW_TRAIN_MEMORY_BYTES", "train_memory_bytes", int),
+)
+
+
+def _limit_overrides(env: Mapping[str, str]) -> dict[str, object]:
+    """The input-limit settings set in the environment, each a positive number (one line naming it otherwise)."""
+    overrides: dict[str, object] = {}
+    for name, key, kind in _LIMITS:
+        if env.get(name):
+            try:
+                value = kind(env[name])
+            except ValueError:
+                expected = "an integer" if kind is int else "a number"
+                raise ValueError(f"{name}={env[name]!r}: expected {expected}") from None
+            if value < 0 or (value == 0 and key != "train_memory_bytes"):
+                raise ValueError(f"{name}={env[name]!r}: expected a positive value")
+            overrides[key] = value
+    return overrides
 
 
 def _multi_node_overrides(env: Mapping[str, str]) -> dict[str, object]:

@@ -1,10 +1,17 @@
 """Download one source object (file / http(s) / s3) to a local file: streamed, resumable, checksummed, gunzipped.
 
 Bytes go to `<destination>.part`; an interrupted transfer resumes from it with a Range request, within the call (up to
-`max_resume_attempts`) and across Airflow retries, since the .part stays. The sha256 covers the SOURCE bytes (what a
-published checksum refers to). A `.gz` source is decompressed into the destination, because Spark cannot split gzip.
-The destination appears only complete (rename); a sidecar `<destination>.download.json`, written after it, lets a
-retry with the same source return at once without touching the network.
+`max_resume_attempts`) and across Airflow retries, since the .part stays. Beside it, `<destination>.part.json` records
+the URL and the source's version (ETag / Last-Modified) the bytes came from: a resume names that version (If-Range),
+so a source that changed meanwhile is fetched whole, and a .part from another URL or of unknown version is discarded,
+never glued to another file's tail. The sha256 covers the SOURCE bytes (what a published checksum refers to). A `.gz`
+source is decompressed into the destination, because Spark cannot split gzip. The destination appears only complete
+(rename); a sidecar `<destination>.download.json`, written after it, lets a retry with the same source return at once
+without touching the network.
+
+Limits (tasks.core.config.Settings): at most `download_max_bytes` source bytes, `expanded_max_bytes` decompressed
+bytes (a gzip bomb is refused at the cap, nothing left behind), and `download_deadline_s` for the whole download,
+resumes included: a server that trickles a byte a minute fails by the deadline.
 """
 
 from __future__ import annotations
@@ -17,15 +24,18 @@ import logging
 import os
 import time
 import zlib
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from tasks.core.archive import copy_capped
+from tasks.core.config import NotAllowed
 from tasks.core.download_sources import (  # noqa: F401 - errors and the S3 client factory are this module's API too
-    ChecksumMismatch, ConnectionNotAllowed, DownloadError, SourceNotAllowed, SourceNotFound, _Body, _Interrupted,
-    _opener, _parse_source, _RangeNotSatisfiable, _Source, check_source_prefix, s3_client_from_connection,
+    ChecksumMismatch, ConnectionNotAllowed, Deadline, DeadlineExceeded, DownloadError, DownloadTooLarge, Opener,
+    SourceNotAllowed, SourceNotFound, _Body, _Interrupted, _opener, _parse_source, _RangeNotSatisfiable, _Source,
+    check_source_prefix, s3_client_from_connection,
 )
 from tasks.core.progress import ProgressLog
 from tasks.core.storage import atomic_file, write_text_atomic
@@ -52,12 +62,21 @@ class _Part:
     path: Path
     digest: Any  # hashlib sha256 over the bytes in the .part
     offset: int
+    validator: str | None = None  # the source version the bytes came from (recorded in <part>.json)
+
+
+@dataclass(frozen=True)
+class _Limits:
+    max_bytes: int  # source bytes
+    max_expanded: int  # decompressed bytes
+    deadline: Deadline
 
 
 def download(
     source_url: str, destination: Path, *, expected_sha256: str | None = None, decompress: bool | None = None,
     s3_client: Any = None, chunk_bytes: int = 8 << 20, timeout_s: float = 60.0, max_resume_attempts: int = 3,
     allowed_file_roots: Sequence[Path] | None = None, allowed_prefixes: Sequence[str] | None = None,
+    max_bytes: int | None = None, max_expanded_bytes: int | None = None, deadline_s: float | None = None,
 ) -> DownloadResult:
     """Fetch `source_url` into `destination` (see the module docstring); safe to retry.
 
@@ -66,12 +85,22 @@ def download(
     (symlinks resolved); None = the deployment's roots (tasks.core.config.Settings.allowed_file_roots()), so no
     caller can forget the check. allowed_prefixes: URL prefixes an http(s)/s3 source must lie under (whole path
     segments, same scheme/host/port or bucket); None = the deployment's RECFLOW_SOURCE_ALLOWED_PREFIXES (none when
-    unset: a dataset passes its configured source's folder). Either refusal is a SourceNotAllowed, before any I/O.
+    unset: a dataset passes its configured source's folder). Either refusal is a SourceNotAllowed, before any I/O;
+    every HTTP redirect hop is checked against the same prefixes. max_bytes / max_expanded_bytes / deadline_s: the
+    limits (None: the deployment's RECFLOW_DOWNLOAD_MAX_BYTES / _EXPANDED_MAX_BYTES / _DOWNLOAD_DEADLINE_S).
     """
+    from tasks.core.config import load_settings
+
     started = time.monotonic()
     destination = Path(destination)
+    settings = load_settings()
+    if allowed_prefixes is None:
+        allowed_prefixes = settings.allowed_source_prefixes()
     source = check_source_allowed(source_url, allowed_file_roots=allowed_file_roots,
                                   allowed_prefixes=allowed_prefixes)
+    limits = _Limits(max_bytes=settings.download_max_bytes if max_bytes is None else max_bytes,
+                     max_expanded=settings.expanded_max_bytes if max_expanded_bytes is None else max_expanded_bytes,
+                     deadline=Deadline.after(settings.download_deadline_s if deadline_s is None else deadline_s))
     if decompress is None:
         decompress = urlsplit(source_url).path.endswith(".gz")
     expected = expected_sha256.strip().lower() if expected_sha256 else None
@@ -84,17 +113,18 @@ def download(
     sidecar.unlink(missing_ok=True)  # a stale sidecar must never vouch for the file being replaced
     destination.parent.mkdir(parents=True, exist_ok=True)
     part_path = destination.with_name(destination.name + ".part")
-    open_at = _opener(source, s3_client, chunk_bytes, timeout_s)
-    part, resumed_from = _fetch_to_part(open_at, source.shown, part_path, max_resume_attempts)
+    open_at = _opener(source, s3_client, chunk_bytes, timeout_s, limits.deadline, allowed_prefixes)
+    part, resumed_from = _fetch_to_part(open_at, source_url, source.shown, part_path, max_resume_attempts, limits)
     actual = part.digest.hexdigest()
     if expected and actual != expected:
-        part_path.unlink(missing_ok=True)  # wrong bytes: a retry must start over, not resume them
+        _discard_part(part_path)  # wrong bytes: a retry must start over, not resume them
         raise ChecksumMismatch(f"sha256 mismatch for {source.shown}: expected {expected}, got {actual}")
     if decompress:
-        _gunzip(part_path, destination, source.shown, chunk_bytes)
-        part_path.unlink()
+        _gunzip(part_path, destination, source.shown, chunk_bytes, limits.max_expanded)
+        _discard_part(part_path)
     else:
         os.replace(part_path, destination)
+        _part_record_path(part_path).unlink(missing_ok=True)
     result = DownloadResult(
         path=str(destination), source=source_url, bytes=destination.stat().st_size, source_bytes=part.offset,
         sha256=actual, resumed_from=resumed_from, cached=False, seconds=time.monotonic() - started,
@@ -134,50 +164,82 @@ def check_file_root(path: Path, roots: Sequence[Path]) -> None:
                                f"(set RECFLOW_FILE_SOURCE_ROOTS to allow more)")
 
 
-def _existing_part(path: Path) -> _Part:
-    """The .part left by an earlier attempt, re-hashed so that the final sha256 covers every source byte."""
+def _part_record_path(part_path: Path) -> Path:
+    return part_path.with_name(part_path.name + ".json")
+
+
+def _discard_part(part_path: Path) -> None:
+    part_path.unlink(missing_ok=True)
+    _part_record_path(part_path).unlink(missing_ok=True)
+
+
+def _existing_part(path: Path, source_url: str, shown: str) -> _Part:
+    """The .part left by an earlier attempt of this very source and version, re-hashed so that the final sha256
+    covers every source byte; an empty part when there is none, or when its record names another URL or no version
+    (its bytes could be another file's: resuming would glue two files together)."""
     digest = hashlib.sha256()
+    if not path.is_file():
+        _part_record_path(path).unlink(missing_ok=True)
+        return _Part(path, digest, 0)
+    record: dict[str, Any] = {}
+    with contextlib.suppress(OSError, ValueError):
+        record = json.loads(_part_record_path(path).read_text())
+    if not isinstance(record, dict) or record.get("source") != source_url or not record.get("validator"):
+        log.warning("%s: the leftover %s %s: starting over", shown, path.name,
+                    "came from another source" if isinstance(record, dict) and record.get("source") not in
+                    (None, source_url) else "has no recorded source version")
+        _discard_part(path)
+        return _Part(path, digest, 0)
     offset = 0
-    if path.is_file():
-        with open(path, "rb") as f:
-            while chunk := f.read(8 << 20):
-                digest.update(chunk)
-                offset += len(chunk)
-    return _Part(path, digest, offset)
+    with open(path, "rb") as f:
+        while chunk := f.read(8 << 20):
+            digest.update(chunk)
+            offset += len(chunk)
+    return _Part(path, digest, offset, record["validator"])
 
 
-def _open_from(open_at: Callable[[int], _Body], part: _Part, shown: str) -> _Body:
+def _open_from(open_at: Opener, part: _Part, shown: str) -> _Body:
+    if part.offset and not part.validator:
+        log.warning("%s sent no version (ETag / Last-Modified) to resume against: starting over", shown)
+        return open_at(0, None)
     try:
-        return open_at(part.offset)
+        return open_at(part.offset, part.validator)
     except _RangeNotSatisfiable as exc:
         if exc.total == part.offset:  # an earlier attempt already fetched everything
-            return _Body(part.offset, part.offset, iter(()), lambda: None)
+            return _Body(part.offset, part.offset, iter(()), lambda: None, part.validator)
         log.warning("%s: the .part holds %d bytes but the source has %s: starting over", shown, part.offset, exc.total)
-        return open_at(0)
+        return open_at(0, None)
 
 
-def _fetch_to_part(
-    open_at: Callable[[int], _Body], shown: str, path: Path, max_resume_attempts: int
-) -> tuple[_Part, int]:
+def _restart(part: _Part, body: _Body, source_url: str) -> _Part:
+    """An empty .part for a body sent from byte 0, its record naming the URL and the version it comes from."""
+    _discard_part(part.path)
+    write_text_atomic(_part_record_path(part.path), json.dumps({"source": source_url, "validator": body.validator}))
+    return _Part(part.path, hashlib.sha256(), 0, body.validator)
+
+
+def _fetch_to_part(open_at: Opener, source_url: str, shown: str, path: Path, max_resume_attempts: int,
+                   limits: _Limits) -> tuple[_Part, int]:
     """Fill the .part with the whole source, resuming after drops; returns the part and the first resume offset."""
-    part = _existing_part(path)
+    part = _existing_part(path, source_url, shown)
     resumed_from, failures = 0, 0
     progress = ProgressLog(f"downloading {shown}", unit="bytes", every_s=_PROGRESS_EVERY_S, logger=log,
                            done=part.offset)  # the rate counts this call's bytes, not a resumed .part's
     while True:
+        limits.deadline.check(shown, part.offset)
         body = _open_from(open_at, part, shown)
         try:
             if body.start not in (part.offset, 0):
                 raise DownloadError(f"{shown} answered from byte {body.start} when asked for byte {part.offset}")
-            if body.start != part.offset:
-                log.warning("%s answered from byte %d, not %d (Range ignored): restarting from 0",
-                            shown, body.start, part.offset)
-                part = _Part(path, hashlib.sha256(), 0)
-                path.unlink(missing_ok=True)
-            elif part.offset and not resumed_from:
+            if body.start == 0:
+                if part.offset:
+                    log.warning("%s answered from byte 0, not %d (Range ignored, or the source changed since the "
+                                ".part was started): restarting from 0", shown, part.offset)
+                part = _restart(part, body, source_url)
+            elif not resumed_from:
                 resumed_from = part.offset
                 log.info("resuming %s from byte %d", shown, part.offset)
-            _append(body, part, progress, shown)
+            _append(body, part, progress, shown, limits)
             return part, resumed_from
         except _Interrupted as exc:
             failures += 1
@@ -192,36 +254,51 @@ def _fetch_to_part(
             body.close()
 
 
-def _append(body: _Body, part: _Part, progress: ProgressLog, shown: str) -> None:
-    """Append the body to the .part, hashing as it goes; a body shorter than announced is an interruption."""
+def _append(body: _Body, part: _Part, progress: ProgressLog, shown: str, limits: _Limits) -> None:
+    """Append the body to the .part, hashing as it goes; a body shorter than announced is an interruption. Refuses
+    a source larger than the byte cap (announced or not) and stops at the deadline between any two reads."""
+    if body.total is not None and body.total > limits.max_bytes:
+        _discard_part(part.path)
+        raise DownloadTooLarge(f"{shown} holds {body.total} bytes, more than the {limits.max_bytes} one download "
+                               "may fetch (set RECFLOW_DOWNLOAD_MAX_BYTES to allow more)")
     with open(part.path, "ab") as f:
         try:
             for chunk in body.chunks:
+                limits.deadline.check(shown, part.offset)
+                if part.offset + len(chunk) > limits.max_bytes:
+                    f.close()
+                    _discard_part(part.path)
+                    raise DownloadTooLarge(f"{shown} sent more than the {limits.max_bytes} bytes one download may "
+                                           "fetch (set RECFLOW_DOWNLOAD_MAX_BYTES to allow more)")
                 f.write(chunk)
                 part.digest.update(chunk)
                 part.offset += len(chunk)
                 progress.report(part.offset, total=body.total)
         finally:
-            f.flush()
-            os.fsync(f.fileno())  # what the .part claims to hold must be on disk before a resume trusts it
+            if not f.closed:
+                f.flush()
+                os.fsync(f.fileno())  # what the .part claims to hold must be on disk before a resume trusts it
     if body.total is not None and part.offset != body.total:
         if part.offset > body.total:
             raise DownloadError(f"{shown} sent {part.offset} bytes, more than its announced {body.total}")
         raise _Interrupted(f"stream ended at byte {part.offset} of {body.total}")
 
 
-def _gunzip(part: Path, destination: Path, shown: str, chunk_bytes: int) -> None:
-    """Decompress the verified .part into a temporary sibling, renamed over the destination only when whole."""
+def _gunzip(part: Path, destination: Path, shown: str, chunk_bytes: int, max_expanded: int) -> None:
+    """Decompress the verified .part into a temporary sibling, renamed over the destination only when whole; more
+    than `max_expanded` bytes is refused (ExpansionLimitExceeded), the temporary and the .part removed."""
     with open(part, "rb") as raw, atomic_file(destination) as out:
         try:
             if part.stat().st_size == 0:
                 raise EOFError("the file is empty (no gzip member)")
             with gzip.GzipFile(fileobj=raw) as unzipped:
-                while chunk := unzipped.read(chunk_bytes):
-                    out.write(chunk)
+                copy_capped(unzipped, out, limit=max_expanded, what=f"gzip {shown}", chunk_bytes=chunk_bytes)
+        except NotAllowed:
+            _discard_part(part)
+            raise
         except (EOFError, gzip.BadGzipFile, zlib.error) as exc:
             offset = raw.tell()
-            part.unlink(missing_ok=True)  # bad bytes: the next retry fetches afresh rather than resuming them
+            _discard_part(part)  # bad bytes: the next retry fetches afresh rather than resuming them
             raise DownloadError(
                 f"corrupt or truncated gzip {part} (from {shown}) near compressed byte {offset}: {exc}") from None
 

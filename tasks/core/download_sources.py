@@ -1,23 +1,31 @@
 """Where download bytes come from: source URLs parsed and validated, and one opener per scheme (file, http(s), s3),
 each returning a body that starts at a byte offset (Range requests), with transport errors turned into one-line
-DownloadErrors. tasks.core.download drives them (resume, checksum, gunzip, atomic publish)."""
+DownloadErrors. tasks.core.download drives them (resume, checksum, gunzip, atomic publish).
+
+A body carries the source's version (`validator`: the HTTP ETag or Last-Modified, the S3 ETag, a local file's size
+and mtime); a resume names the version its .part came from (HTTP If-Range, S3 IfMatch, compared for files), and a
+source that changed since answers from byte 0. HTTP redirects are followed here, one hop at a time, each hop checked
+against the allow-list the first URL was checked against. Every open and every read is bounded by the download's
+deadline (`Deadline`), not only by the time between two reads."""
 
 from __future__ import annotations
 
 import logging
 import os
 import re
+import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from urllib.parse import unquote, urlsplit, urlunsplit
+from urllib.parse import unquote, urljoin, urlsplit, urlunsplit
 
 from tasks.core.config import NotAllowed
 
 log = logging.getLogger(__name__)
 
 _CONTENT_RANGE = re.compile(r"bytes (\d+)-(\d+)/(\d+|\*)$")
+MAX_REDIRECTS = 5
 
 class DownloadError(RuntimeError):
     """A download failed; the message is one line naming what failed and where (URL, byte offset, status)."""
@@ -33,6 +41,14 @@ class SourceNotFound(DownloadError):
 
 class SourceNotAllowed(DownloadError, NotAllowed):
     """The source lies outside the deployment's allowed file roots or URL prefixes (bad input: not retried)."""
+
+
+class DownloadTooLarge(DownloadError, NotAllowed):
+    """The source holds more bytes than one download may fetch (RECFLOW_DOWNLOAD_MAX_BYTES; bad input: not retried)."""
+
+
+class DeadlineExceeded(DownloadError):
+    """The download took longer than its deadline (RECFLOW_DOWNLOAD_DEADLINE_S), however slowly bytes kept coming."""
 
 
 class ConnectionNotAllowed(NotAllowed):
@@ -55,6 +71,27 @@ class _Body:
     total: int | None  # size of the whole source object, when known
     chunks: Iterator[bytes]
     close: Callable[[], None]
+    validator: str | None = None  # the source's version (ETag / Last-Modified / size+mtime); None: unknown
+
+
+@dataclass(frozen=True)
+class Deadline:
+    """When a whole download must be done (time.monotonic), with the seconds it was given, for the message."""
+
+    at: float
+    seconds: float
+
+    @classmethod
+    def after(cls, seconds: float) -> Deadline:
+        return cls(time.monotonic() + seconds, seconds)
+
+    def remaining(self) -> float:
+        return self.at - time.monotonic()
+
+    def check(self, shown: str, offset: int) -> None:
+        if self.remaining() <= 0:
+            raise DeadlineExceeded(f"download of {shown} passed its deadline of {self.seconds:g} s at byte {offset} "
+                                   "(a stalled or trickling source; set RECFLOW_DOWNLOAD_DEADLINE_S to allow more)")
 
 
 
@@ -170,14 +207,20 @@ def s3_client_from_connection(conn_id: str | None, allowed_conn_ids: Sequence[st
     return boto3.client("s3")
 
 
-def _opener(source: _Source, s3_client: Any, chunk_bytes: int, timeout_s: float) -> Callable[[int], _Body]:
-    """A function that opens the source's body from a byte offset."""
+Opener = Callable[[int, "str | None"], _Body]
+
+
+def _opener(source: _Source, s3_client: Any, chunk_bytes: int, timeout_s: float, deadline: Deadline,
+            allowed_prefixes: Sequence[str] = ()) -> Opener:
+    """A function that opens the source's body from a byte offset, given the version the bytes before it came from
+    (None: start from 0 only). `allowed_prefixes`: what every HTTP redirect hop must lie under."""
     if source.scheme == "file":
-        return lambda start: _open_file(source, start, chunk_bytes)
+        return lambda start, validator: _open_file(source, start, chunk_bytes, validator)
     if source.scheme == "http":
-        return lambda start: _open_http(source, start, chunk_bytes, timeout_s)
+        return lambda start, validator: _open_http(source, start, chunk_bytes, timeout_s, deadline, validator,
+                                                   allowed_prefixes)
     client = s3_client if s3_client is not None else s3_client_from_connection(None)
-    return lambda start: _open_s3(client, source, start, chunk_bytes)
+    return lambda start, validator: _open_s3(client, source, start, chunk_bytes, validator)
 
 
 def _guarded(chunks: Iterable[bytes], transport_errors: tuple[type[BaseException], ...]) -> Iterator[bytes]:
@@ -205,7 +248,7 @@ def _parse_content_range(value: str | None, shown: str) -> tuple[int, int | None
     return int(match.group(1)), None if total == "*" else int(total)
 
 
-def _open_file(source: _Source, start: int, chunk_bytes: int) -> _Body:
+def _open_file(source: _Source, start: int, chunk_bytes: int, validator: str | None) -> _Body:
     assert source.path is not None
     try:
         f = open(source.path, "rb")  # noqa: SIM115 - closed by the caller through _Body.close
@@ -213,16 +256,68 @@ def _open_file(source: _Source, start: int, chunk_bytes: int) -> _Body:
         raise SourceNotFound(f"source file not found: {source.path}") from None
     except OSError as exc:
         raise DownloadError(f"cannot read source file {source.path}: {exc.strerror or exc}") from None
-    total = os.fstat(f.fileno()).st_size
+    status = os.fstat(f.fileno())
+    total, version = status.st_size, f"{status.st_size}-{status.st_mtime_ns}"
+    if start and version != validator:
+        start = 0  # the file changed since the .part was started: as a server answering If-Range, send it whole
     if start > total:
         f.close()
         raise _RangeNotSatisfiable(total)
     f.seek(start)
     chunks = iter(lambda: f.read(chunk_bytes), b"")
-    return _Body(start, total, _guarded(chunks, (OSError,)), f.close)
+    return _Body(start, total, _guarded(chunks, (OSError,)), f.close, version)
 
 
-def _open_http(source: _Source, start: int, chunk_bytes: int, timeout_s: float) -> _Body:
+def _http_validator(headers: Any) -> str | None:
+    """What If-Range can name: a strong ETag, else Last-Modified (a weak ETag cannot be used for ranges)."""
+    etag = headers.get("ETag")
+    if etag and not etag.startswith("W/"):
+        return etag
+    return headers.get("Last-Modified") or None
+
+
+def _get_following_allowed_redirects(source: _Source, headers: dict[str, str], start: int, timeout_s: float,
+                                     deadline: Deadline, allowed_prefixes: Sequence[str]) -> Any:
+    """GET the URL, following redirects one hop at a time: each hop must be an http(s) URL under an allowed prefix
+    (requests would follow them all unchecked). Connect and read timeouts never run past the deadline."""
+    import requests
+
+    url = source.url
+    for _ in range(MAX_REDIRECTS + 1):
+        deadline.check(source.shown, start)
+        wait = max(0.001, min(timeout_s, deadline.remaining()))
+        try:
+            response = requests.get(url, headers=headers, stream=True, timeout=(wait, wait), allow_redirects=False)
+        except (requests.ConnectionError, requests.Timeout) as exc:
+            raise DownloadError(f"cannot reach {_shown(url)}: {_root_cause(exc)}") from None
+        except requests.RequestException as exc:
+            raise DownloadError(f"request for {_shown(url)} failed at byte {start}: {_root_cause(exc)}") from None
+        if not response.is_redirect:
+            return response
+        status, target = response.status_code, urljoin(url, response.headers["Location"])
+        response.close()
+        if urlsplit(target).scheme.lower() not in ("http", "https"):
+            raise SourceNotAllowed(f"source {source.shown} redirected (HTTP {status}) to {_shown(target)}: only "
+                                   "http(s) redirects are followed")
+        try:
+            check_source_prefix(target, allowed_prefixes)
+        except SourceNotAllowed as exc:
+            raise SourceNotAllowed(f"source {source.shown} redirected (HTTP {status}) to a URL that is not allowed: "
+                                   f"{exc}") from None
+        log.info("%s redirected (HTTP %d) to %s", _shown(url), status, _shown(target))
+        url = target
+    raise DownloadError(f"source {source.shown} redirected more than {MAX_REDIRECTS} times")
+
+
+def _read1_chunks(raw: Any, chunk_bytes: int) -> Iterator[bytes]:
+    """The body as it arrives: read1 returns after one receive, so the caller can check the deadline between bytes
+    that trickle in (read(n) would wait for n bytes, however long they take)."""
+    while chunk := raw.read1(chunk_bytes, decode_content=False):
+        yield chunk
+
+
+def _open_http(source: _Source, start: int, chunk_bytes: int, timeout_s: float, deadline: Deadline,
+               validator: str | None, allowed_prefixes: Sequence[str]) -> _Body:
     import requests
     import urllib3
 
@@ -230,12 +325,9 @@ def _open_http(source: _Source, start: int, chunk_bytes: int, timeout_s: float) 
     headers = {"Accept-Encoding": "identity"}
     if start:
         headers["Range"] = f"bytes={start}-"
-    try:
-        response = requests.get(source.url, headers=headers, stream=True, timeout=(timeout_s, timeout_s))
-    except (requests.ConnectionError, requests.Timeout) as exc:
-        raise DownloadError(f"cannot reach {source.shown}: {_root_cause(exc)}") from None
-    except requests.RequestException as exc:
-        raise DownloadError(f"request for {source.shown} failed at byte {start}: {_root_cause(exc)}") from None
+        if validator:
+            headers["If-Range"] = validator  # a changed source answers 200 with all of it, never the new tail
+    response = _get_following_allowed_redirects(source, headers, start, timeout_s, deadline, allowed_prefixes)
     status = response.status_code
     if status not in (200, 206):
         response.close()
@@ -250,23 +342,29 @@ def _open_http(source: _Source, start: int, chunk_bytes: int, timeout_s: float) 
     else:
         length = response.headers.get("Content-Length")
         first, total = 0, int(length) if length and length.isdigit() else None
-    chunks = response.raw.stream(chunk_bytes, decode_content=False)
+    chunks = _read1_chunks(response.raw, chunk_bytes)
     errors = (urllib3.exceptions.HTTPError, requests.RequestException, OSError)
-    return _Body(first, total, _guarded(chunks, errors), response.close)
+    return _Body(first, total, _guarded(chunks, errors), response.close, _http_validator(response.headers))
 
 
-def _open_s3(client: Any, source: _Source, start: int, chunk_bytes: int) -> _Body:
+def _open_s3(client: Any, source: _Source, start: int, chunk_bytes: int, validator: str | None) -> _Body:
     import urllib3
     from botocore.exceptions import BotoCoreError, ClientError
 
     request = {"Bucket": source.bucket, "Key": source.key}
     if start:
         request["Range"] = f"bytes={start}-"
+        if validator:
+            request["IfMatch"] = validator  # a changed object fails 412: then it is fetched whole
     try:
         response = client.get_object(**request)
     except ClientError as exc:
         error = exc.response.get("Error", {})
         code = error.get("Code", "")
+        if code in ("PreconditionFailed", "412") and start:
+            log.warning("%s changed since the .part was started (ETag %s no longer matches): starting over",
+                        source.url, validator)
+            return _open_s3(client, source, 0, chunk_bytes, None)
         if code in ("NoSuchKey", "NoSuchBucket", "404", "AccessDenied", "403"):
             raise SourceNotFound(f"S3 {code} for {source.url}") from None
         if code == "InvalidRange":
@@ -282,4 +380,4 @@ def _open_s3(client: Any, source: _Source, start: int, chunk_bytes: int) -> _Bod
         first, total = 0, response.get("ContentLength")
     body = response["Body"]
     errors = (BotoCoreError, urllib3.exceptions.HTTPError, OSError)
-    return _Body(first, total, _guarded(body.iter_chunks(chunk_bytes), errors), body.close)
+    return _Body(first, total, _guarded(body.iter_chunks(chunk_bytes), errors), body.close, response.get("ETag"))

@@ -34,18 +34,37 @@ PREDICT_MODULE = "tasks.criteo.predict"
 _DAY_RANGES = re.compile(r"^\s*\d+(\s*-\s*\d+)?(\s*,\s*\d+(\s*-\s*\d+)?)*\s*$")
 
 
-def parse_days(text: str) -> list[int]:
-    """'0-2,5' -> [0, 1, 2, 5]. Raises ValueError with the offending text."""
+def parse_days(text: str, *, max_days: int | None = None, max_day: int | None = None) -> list[int]:
+    """'0-2,5' -> [0, 1, 2, 5]. Raises ValueError with the offending text. Bounded before anything is expanded: at
+    most `max_days` days in all and no day above `max_day` (None: the deployment's RECFLOW_MAX_WINDOW_DAYS /
+    RECFLOW_MAX_DAY_INDEX), so '0-300000000' is one line, not a list of 300 million days."""
     if not _DAY_RANGES.match(text or ""):
         raise ValueError(f"train days {text!r} are not a list of days or ranges like '0-22' or '0-3,5'")
-    days: list[int] = []
+    if max_days is None or max_day is None:
+        from tasks.core.config import load_settings
+
+        settings = load_settings()
+        max_days = settings.max_window_days if max_days is None else max_days
+        max_day = settings.max_day_index if max_day is None else max_day
+    ranges = []
     for part in text.split(","):
         first, _, last = part.strip().partition("-")
         lo, hi = int(first), int(last or first)
         if hi < lo:
             raise ValueError(f"day range {part.strip()!r} runs backwards")
-        days.extend(range(lo, hi + 1))
-    return sorted(set(days))
+        if hi > max_day:
+            raise ValueError(f"train days {_clipped(text)}: day {hi} is past the last day a run may name, {max_day} "
+                             "(RECFLOW_MAX_DAY_INDEX)")
+        ranges.append((lo, hi))
+    named = sum(hi - lo + 1 for lo, hi in ranges)  # an upper bound of the distinct days, computed without them
+    if named > max_days:
+        raise ValueError(f"train days {_clipped(text)} name {named} days, more than the {max_days} a window may hold "
+                         "(RECFLOW_MAX_WINDOW_DAYS)")
+    return sorted({day for lo, hi in ranges for day in range(lo, hi + 1)})
+
+
+def _clipped(text: str, limit: int = 60) -> str:
+    return repr(text if len(text) <= limit else text[:limit] + "…")
 
 
 def ingested_days(settings: Settings) -> list[int]:

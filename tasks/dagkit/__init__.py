@@ -12,6 +12,7 @@ from collections.abc import Callable, Mapping
 from datetime import timedelta
 from typing import Any
 
+from tasks.core.config import load_settings
 from tasks.core.profiles import Knob
 
 SPARK_POOL = "spark"
@@ -26,11 +27,24 @@ def _queue(variable: str) -> dict[str, str]:
     return {"queue": queue} if queue else {}
 
 
-SPARK_TASK: dict[str, Any] = {"pool": SPARK_POOL, **_queue("RECFLOW_SPARK_QUEUE")}
-TRAIN_TASK: dict[str, Any] = {"pool": TRAIN_POOL, **_queue("RECFLOW_TRAIN_QUEUE")}
+def _timeout(seconds: float) -> dict[str, timedelta]:
+    """A task's execution_timeout: past it Airflow fails the attempt (and retries it), so no stalled source,
+    hung Spark job or stuck training holds a pool slot forever."""
+    return {"execution_timeout": timedelta(seconds=seconds)}
+
+
+# Every task gets an execution_timeout by kind, from the deployment's settings (RECFLOW_*_TASK_TIMEOUT_S, sized for
+# full-scale runs): DEFAULT_ARGS for the light tasks, these for the heavy ones.
+_LIMITS = load_settings()
+SPARK_TASK: dict[str, Any] = {"pool": SPARK_POOL, **_queue("RECFLOW_SPARK_QUEUE"),
+                              **_timeout(_LIMITS.spark_task_timeout_s)}
+TRAIN_TASK: dict[str, Any] = {"pool": TRAIN_POOL, **_queue("RECFLOW_TRAIN_QUEUE"),
+                              **_timeout(_LIMITS.train_task_timeout_s)}
+DOWNLOAD_TASK: dict[str, Any] = _timeout(_LIMITS.download_task_timeout_s)
 
 DEFAULT_ARGS: dict[str, Any] = {
     "owner": "recflow",
+    **_timeout(_LIMITS.task_timeout_s),
     "retries": int(os.environ.get("RECFLOW_TASK_RETRIES", "2")),
     "retry_delay": timedelta(seconds=float(os.environ.get("RECFLOW_RETRY_DELAY_S", "30"))),
     "retry_exponential_backoff": 2.0,

@@ -1,0 +1,326 @@
+"""Limits on what an input can make a worker do (issue #24, items 6-11): each case is refused with one line, and nothing
+partial is left marked complete.
+
+- downloads and decompression: a gzip / zip bomb stops at RECFLOW_EXPANDED_MAX_BYTES, a source larger than
+  RECFLOW_DOWNLOAD_MAX_BYTES is refused, a server that trickles bytes fails by RECFLOW_DOWNLOAD_DEADLINE_S (the
+  execution_timeout of every task is checked in tests/test_dag_integrity.py);
+- an HTTP redirect to a URL outside the allow-list is refused before it is requested (servers on 127.0.0.1 only);
+- a day range like 0-300000000 is refused before it is expanded;
+- a resumed download never glues two versions of a source (If-Range), nor a .part from another URL;
+- a raw line longer than RECFLOW_MAX_LINE_BYTES is a bad row for validation and never reaches Spark's reader whole;
+- a model far larger than the worker's memory is refused before training is launched.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import io
+import json
+import threading
+import time
+import zipfile
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+from tasks.core.config import NotAllowed
+from tests.http_range_server import start_range_server
+
+pytestmark = pytest.mark.reliability
+
+
+def _sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _one_line(exc: BaseException, *named: str) -> str:
+    message = str(exc)
+    assert "\n" not in message, message
+    for word in named:
+        assert word in message, f"{word!r} not in {message!r}"
+    return message
+
+
+@pytest.fixture
+def range_server(tmp_path: Path) -> Iterator[tuple[object, str, Path]]:
+    root = tmp_path / "www"
+    root.mkdir()
+    server, base = start_range_server(root)
+    try:
+        yield server, base, root
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@pytest.fixture
+def out(tmp_path: Path) -> Path:
+    directory = tmp_path / "out"
+    directory.mkdir()
+    return directory
+
+
+# ---- item 6: caps on compressed and expanded bytes, an overall deadline -------------------------------------------
+
+
+def test_gzip_bomb_is_refused_at_the_expanded_cap_and_leaves_nothing(tmp_path: Path, out: Path, monkeypatch) -> None:
+    from tasks.core.download import download
+
+    bomb = tmp_path / "src" / "day_0.gz"
+    bomb.parent.mkdir()
+    bomb.write_bytes(gzip.compress(bytes(8 << 20), compresslevel=9))  # 8 MiB of zeros in ~8 KB
+    assert bomb.stat().st_size < 64 << 10
+    monkeypatch.setenv("RECFLOW_EXPANDED_MAX_BYTES", str(1 << 20))
+    with pytest.raises(NotAllowed) as caught:
+        download(bomb.as_uri(), out / "day_0", allowed_file_roots=[tmp_path])
+    _one_line(caught.value, "day_0.gz", str(1 << 20), "RECFLOW_EXPANDED_MAX_BYTES")
+    assert sorted(p.name for p in out.iterdir()) == []  # no destination, no sidecar, no temporary, no .part
+
+
+def test_zip_bomb_is_refused_before_anything_is_written(tmp_path: Path) -> None:
+    from tasks.core.archive import extract_zip
+
+    archive = tmp_path / "ratings.zip"
+    with zipfile.ZipFile(archive, "w", zipfile.ZIP_DEFLATED) as zf:
+        zf.writestr("ml/ratings.csv", bytes(4 << 20))
+    folder = tmp_path / "extracted"
+    folder.mkdir()
+    with pytest.raises(NotAllowed) as caught:
+        extract_zip(archive, folder, max_bytes=1 << 20)
+    _one_line(caught.value, "ratings.zip", "RECFLOW_EXPANDED_MAX_BYTES")
+    assert list(folder.iterdir()) == []
+
+
+def test_zip_member_lying_about_its_size_is_stopped_at_the_cap(tmp_path: Path) -> None:
+    """The declared sizes are only a first check: the bytes actually written are counted too."""
+    from tasks.core.archive import ExpansionLimitExceeded, copy_capped
+
+    sink = io.BytesIO()
+    with pytest.raises(ExpansionLimitExceeded) as caught:
+        copy_capped(io.BytesIO(bytes(3 << 20)), sink, limit=1 << 20, what="x.zip (at member 'a')", chunk_bytes=1 << 16)
+    _one_line(caught.value, "x.zip", "RECFLOW_EXPANDED_MAX_BYTES")
+    assert len(sink.getvalue()) <= 1 << 20  # never written past the cap
+
+
+def test_source_over_the_download_cap_is_refused(range_server, out: Path, monkeypatch) -> None:
+    from tasks.core.download import download
+
+    server, base, root = range_server
+    (root / "day_0").write_bytes(bytes(300_000))
+    monkeypatch.setenv("RECFLOW_DOWNLOAD_MAX_BYTES", "100000")
+    with pytest.raises(NotAllowed) as caught:
+        download(f"{base}/day_0", out / "day_0", allowed_prefixes=[base])
+    _one_line(caught.value, f"{base}/day_0", "100000", "RECFLOW_DOWNLOAD_MAX_BYTES")
+    assert list(out.iterdir()) == []
+
+
+class _TrickleServer(ThreadingHTTPServer):
+    """Announces `size` bytes and sends one every `every_s` seconds (or none at all when every_s is None)."""
+
+    daemon_threads = True
+
+    def __init__(self, size: int, every_s: float | None) -> None:
+        self.size, self.every_s = size, every_s
+        self.stop = threading.Event()
+        super().__init__(("127.0.0.1", 0), _TrickleHandler)
+
+
+class _TrickleHandler(BaseHTTPRequestHandler):
+    server: _TrickleServer
+    protocol_version = "HTTP/1.1"
+
+    def do_GET(self) -> None:
+        self.send_response(200)
+        self.send_header("Content-Length", str(self.server.size))
+        self.send_header("ETag", '"trickle"')
+        self.end_headers()
+        self.wfile.flush()
+        try:
+            for _ in range(self.server.size):
+                if self.server.stop.wait(self.server.every_s if self.server.every_s is not None else 60):
+                    return
+                self.wfile.write(b"x")
+                self.wfile.flush()
+        except (BrokenPipeError, ConnectionResetError):
+            return
+
+    def log_message(self, format: str, *args: object) -> None:  # noqa: A002 - http.server's signature
+        pass
+
+
+@pytest.fixture
+def trickle(request) -> Iterator[tuple[_TrickleServer, str]]:
+    size, every_s = request.param
+    server = _TrickleServer(size, every_s)
+    thread = threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True)
+    thread.start()
+    try:
+        yield server, f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.stop.set()
+        server.shutdown()
+        server.server_close()
+
+
+@pytest.mark.parametrize("trickle", [(40, 0.1), (40, None)], indirect=True, ids=["a-byte-every-0.1s", "stalled"])
+def test_slow_server_fails_by_the_deadline_not_between_reads(trickle, out: Path, monkeypatch) -> None:
+    """A byte every 0.1 s never trips a read timeout; a stalled one would only after 60 s: the whole download has a
+    deadline (1 s here), and the .part stays for the retry to resume."""
+    from tasks.core.download import DeadlineExceeded, download
+
+    server, base = trickle
+    monkeypatch.setenv("RECFLOW_DOWNLOAD_DEADLINE_S", "1")
+    started = time.monotonic()
+    with pytest.raises(DeadlineExceeded) as caught:
+        download(f"{base}/day_0", out / "day_0", allowed_prefixes=[base], timeout_s=60)
+    seconds = time.monotonic() - started
+    _one_line(caught.value, f"{base}/day_0", "deadline of 1 s", "RECFLOW_DOWNLOAD_DEADLINE_S")
+    assert seconds < 3.0, f"took {seconds:.1f} s for a 1 s deadline"
+    assert not (out / "day_0").exists() and not (out / "day_0.download.json").exists()
+
+
+# ---- item 7: every redirect hop is checked against the allow-list -------------------------------------------------
+
+
+@pytest.mark.parametrize("elsewhere", ["path", "port"])
+def test_redirect_outside_the_allowed_prefixes_is_refused_before_it_is_followed(range_server, tmp_path: Path,
+                                                                                out: Path, elsewhere: str) -> None:
+    from tasks.core.download import SourceNotAllowed, download
+
+    server, base, root = range_server
+    (root / "private").mkdir()
+    (root / "private" / "secret").write_bytes(b"not for this pipeline\n")
+    other_root = tmp_path / "other"
+    other_root.mkdir()
+    (other_root / "secret").write_bytes(b"not for this pipeline\n")
+    other, other_base = start_range_server(other_root)
+    try:
+        target = f"{base}/private/secret" if elsewhere == "path" else f"{other_base}/secret"
+        server.redirects["/raw/day_0"] = target
+        with pytest.raises(SourceNotAllowed) as caught:
+            download(f"{base}/raw/day_0", out / "day_0", allowed_prefixes=[f"{base}/raw"])
+        _one_line(caught.value, f"{base}/raw/day_0", "HTTP 302", target, "RECFLOW_SOURCE_ALLOWED_PREFIXES")
+        assert server.requests == [("/raw/day_0", None)]  # the disallowed hop was never requested
+        assert other.requests == []
+        assert list(out.iterdir()) == []
+    finally:
+        other.shutdown()
+        other.server_close()
+
+
+def test_redirect_inside_the_allowed_prefixes_is_followed(range_server, out: Path) -> None:
+    from tasks.core.download import download
+
+    server, base, root = range_server
+    (root / "raw").mkdir()
+    (root / "raw" / "day_0.v2").write_bytes(b"payload\n")
+    server.redirects["/raw/day_0"] = "/raw/day_0.v2"  # a relative Location, resolved against the hop's URL
+    result = download(f"{base}/raw/day_0", out / "day_0", allowed_prefixes=[f"{base}/raw"])
+    assert (out / "day_0").read_bytes() == b"payload\n" and result.source == f"{base}/raw/day_0"
+    assert [path for path, _ in server.requests] == ["/raw/day_0", "/raw/day_0.v2"]
+
+
+# ---- item 8: day ranges are bounded before they are expanded -------------------------------------------------------
+
+
+@pytest.mark.parametrize(("text", "named"), [
+    ("0-300000000", ["0-300000000", "RECFLOW_MAX_DAY_INDEX"]),
+    ("0-3000", ["0-3000", "3001 days", "366", "RECFLOW_MAX_WINDOW_DAYS"]),
+    ("0-200,300-500", ["0-200,300-500", "402 days", "RECFLOW_MAX_WINDOW_DAYS"]),
+    ("5,20000", ["day 20000", "10000", "RECFLOW_MAX_DAY_INDEX"]),
+])
+def test_day_ranges_are_bounded_before_they_are_expanded(text: str, named: list[str]) -> None:
+    from tasks.criteo.dlrm import parse_days
+
+    started = time.monotonic()
+    with pytest.raises(ValueError) as caught:
+        parse_days(text)
+    _one_line(caught.value, *named)
+    assert time.monotonic() - started < 0.5
+
+
+def test_day_range_limits_are_settings(monkeypatch) -> None:
+    from tasks.criteo.dlrm import parse_days
+
+    assert parse_days("0-365") == list(range(366))
+    monkeypatch.setenv("RECFLOW_MAX_WINDOW_DAYS", "30")
+    monkeypatch.setenv("RECFLOW_MAX_DAY_INDEX", "99")
+    assert parse_days("70-99") == list(range(70, 100))
+    with pytest.raises(ValueError, match="RECFLOW_MAX_WINDOW_DAYS"):
+        parse_days("0-30")
+    with pytest.raises(ValueError, match="RECFLOW_MAX_DAY_INDEX"):
+        parse_days("100")
+
+
+# ---- item 9: a resume never glues two files ---------------------------------------------------------------------
+
+
+def _interrupted(server, url: str, destination: Path) -> bytes:
+    """Leave a .part as a dropped transfer does; returns its bytes."""
+    from tasks.core.download import DownloadError, download
+
+    server.drop_after_bytes = 100_000
+    with pytest.raises(DownloadError, match="interrupted"):
+        download(url, destination, chunk_bytes=64 << 10, max_resume_attempts=0,
+                 allowed_prefixes=[url.rsplit("/", 1)[0]])
+    kept = destination.with_name(destination.name + ".part").read_bytes()
+    assert 0 < len(kept) <= 100_000
+    server.requests.clear()
+    return kept
+
+
+def test_source_changed_since_the_part_is_fetched_whole_not_glued(range_server, out: Path) -> None:
+    from tasks.core.download import download
+
+    server, base, root = range_server
+    old, new = bytes(range(256)) * 1200, bytes(reversed(range(256))) * 1200  # same size, other bytes
+    (root / "day_0").write_bytes(old)
+    _interrupted(server, f"{base}/day_0", out / "day_0")
+    time.sleep(0.01)
+    (root / "day_0").write_bytes(new)  # the upstream publishes a new version at the same URL
+    result = download(f"{base}/day_0", out / "day_0", allowed_prefixes=[base], chunk_bytes=64 << 10)
+    assert (out / "day_0").read_bytes() == new, "the .part of the old version was glued to the new one's tail"
+    assert result.sha256 == _sha(new) and result.resumed_from == 0
+    assert len(server.requests) == 1 and server.requests[0][1] is not None  # one ranged request, answered whole
+
+
+def test_part_from_another_url_is_not_resumed(range_server, out: Path) -> None:
+    from tasks.core.download import download
+
+    server, base, root = range_server
+    (root / "day_0").write_bytes(bytes(range(256)) * 1200)
+    (root / "day_1").write_bytes(bytes(reversed(range(256))) * 1200)
+    _interrupted(server, f"{base}/day_0", out / "day")
+    result = download(f"{base}/day_1", out / "day", allowed_prefixes=[base])
+    assert (out / "day").read_bytes() == (root / "day_1").read_bytes() and result.resumed_from == 0
+    assert server.requests == [("/day_1", None)]
+
+
+def test_source_without_a_version_is_never_resumed(range_server, out: Path) -> None:
+    from tasks.core.download import download
+
+    server, base, root = range_server
+    server.send_validators = False
+    data = bytes(range(256)) * 1200
+    (root / "day_0").write_bytes(data)
+    _interrupted(server, f"{base}/day_0", out / "day_0")
+    result = download(f"{base}/day_0", out / "day_0", allowed_prefixes=[base])
+    assert (out / "day_0").read_bytes() == data and result.resumed_from == 0
+    assert server.requests == [("/day_0", None)]
+
+
+def test_unchanged_source_still_resumes_with_if_range(range_server, out: Path) -> None:
+    from tasks.core.download import download
+
+    server, base, root = range_server
+    data = bytes(range(256)) * 1200
+    (root / "day_0").write_bytes(data)
+    kept = _interrupted(server, f"{base}/day_0", out / "day_0")
+    record = json.loads((out / "day_0.part.json").read_text())
+    assert record["source"] == f"{base}/day_0" and record["validator"]
+    result = download(f"{base}/day_0", out / "day_0", allowed_prefixes=[base])
+    assert result.resumed_from == len(kept) and (out / "day_0").read_bytes() == data
+    assert sorted(p.name for p in out.iterdir()) == ["day_0", "day_0.download.json"]
