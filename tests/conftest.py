@@ -10,6 +10,11 @@ if str(REPO) not in sys.path:
 
 pytest_plugins = ["tests.servers"]
 
+# The test deployment lets a run set any release threshold (the DAG tests loosen min_auc / max_regression to gate tiny
+# models); tests/reliability/test_artifact_trust.py clears these and checks that a form cannot loosen the gate.
+os.environ.setdefault("RECFLOW_RELEASE_MIN_VALUE", "0")
+os.environ.setdefault("RECFLOW_RELEASE_MAX_REGRESSION", "1")
+
 # 100 real Criteo rows (a copy of the team's shared/data/criteo_sample_100.tsv, so a clone alone runs the tests).
 CRITEO_SAMPLE = REPO / "tests" / "data" / "criteo_sample_100.tsv"
 

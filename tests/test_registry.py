@@ -27,12 +27,12 @@ from sqlalchemy import create_engine, inspect, make_url, text
 from sqlalchemy.exc import IntegrityError, OperationalError
 
 import tasks.release.registry as registry_module
-from tasks.release.registry import (RUN_STATUSES, SQL_DIR, NamedQuery, Registry, RegistryConflict, RegistryError,
-                                    registry_url_from_connection)
+from tasks.release.registry import (RUN_STATUSES, SQL_DIR, ModelOwnedElsewhere, NamedQuery, Registry, RegistryConflict,
+                                    RegistryError, registry_url_from_connection)
 from tests.servers import free_port
 
 PG_URL = os.environ.get("RECFLOW_TEST_POSTGRES_URL", "postgresql+psycopg2://postgres@127.0.0.1:5432/test")
-ALL_MIGRATIONS = [1, 2]
+ALL_MIGRATIONS = [1, 2, 3]
 PIPELINE = "criteo_dlrm"  # the pipeline 002 assigns to the runs and versions written before it
 WINDOW = {"train_days": [0, 1, 2], "test_day": 3}
 
@@ -135,7 +135,7 @@ def test_register_statuses_and_production_metrics(registry: Registry):
     assert not registry.record_version("dlrm", "v1", run_id, "file:///pub/v1", trained.metrics, pipeline=PIPELINE)
     with pytest.raises(RegistryConflict, match="immutable"):
         registry.record_version("dlrm", "v1", run_id, "file:///pub/v1", {"auc": 0.9}, pipeline=PIPELINE)
-    with pytest.raises(RegistryConflict, match="different pipeline"):
+    with pytest.raises(ModelOwnedElsewhere, match="'dlrm' belongs to pipeline 'criteo_dlrm'"):
         registry.record_version("dlrm", "v1", run_id, "file:///pub/v1", trained.metrics, pipeline="other_pipeline")
     with pytest.raises(ValueError, match="give both or neither"):
         registry.record_version("dlrm", "v2", run_id, "file:///pub/v2", trained.metrics)  # run id without pipeline
@@ -169,12 +169,15 @@ def test_same_run_id_under_two_pipelines_is_two_runs(registry: Registry):
     registry.set_run_status(PIPELINE, run_id, "published", {"auc": 0.8})
 
     registry.record_version("dlrm", "v1", run_id, "file:///pub/v1", {"auc": 0.8}, pipeline=PIPELINE)
-    registry.record_version("dlrm", "v2", run_id, "file:///pub/v2", {"auc": 0.6}, pipeline="outbrain_dlrm")
+    with pytest.raises(ModelOwnedElsewhere):  # the name belongs to its first publisher's pipeline
+        registry.record_version("dlrm", "v2", run_id, "file:///pub/v2", {"auc": 0.6}, pipeline="outbrain_dlrm")
+    registry.record_version("dlrm_outbrain", "v2", run_id, "file:///pub/v2", {"auc": 0.6}, pipeline="outbrain_dlrm")
     registry.record_version("dlrm", "v3", None, "file:///pub/v3", {"auc": 0.7})  # imported: no run
     history = {e["version"]: e for e in registry.history("dlrm")}
     assert [(e["pipeline"], e["dataset"], e["window"], e["run_status"]) for e in history.values()] == [
-        (PIPELINE, "criteo", WINDOW, "published"), ("outbrain_dlrm", "outbrain", other_window, "gated_out"),
-        (None, None, None, None)]
+        (PIPELINE, "criteo", WINDOW, "published"), (None, None, None, None)]
+    [theirs] = registry.history("dlrm_outbrain")
+    assert (theirs["pipeline"], theirs["dataset"], theirs["window"]) == ("outbrain_dlrm", "outbrain", other_window)
 
 
 def test_promote_older_version_does_not_move_latest(registry: Registry):
@@ -205,14 +208,16 @@ def test_stale_read_is_caught_by_compare_and_set(registry: Registry, registry_ur
         _record(registry, version)
     registry.promote("dlrm", "v1")
     other = Registry(registry_url)
-    original, interfered = registry._run, []
+    original, interfered = registry._begin, []
 
-    def run_with_interference(conn, query_name, /, **params):
-        if query_name == "move_alias" and not interfered:
+    def begin_with_interference(what: str):
+        # Between our read and our write transaction (on SQLite a transaction holds the write lock from its BEGIN,
+        # so nobody can commit inside it; between the two, anybody can).
+        if what.startswith("moving") and not interfered:
             interfered.append(other.promote("dlrm", theirs))  # commits on its own connection
-        return original(conn, query_name, **params)
+        return original(what)
 
-    registry._run = run_with_interference
+    registry._begin = begin_with_interference
     assert registry.promote("dlrm", ours) is ours_wins
     other.close()
     assert interfered == [True]
@@ -300,15 +305,15 @@ def test_bad_status_is_rejected_by_the_check_constraint(registry: Registry):
 
 
 def _check_list(sql: str, constraint: str) -> tuple[str, ...]:
-    match = re.search(constraint + r"\s+CHECK \(status IN \(([^)]*)\)\)", sql)
-    assert match, f"no CHECK constraint {constraint} in the migrations"
-    return tuple(re.findall(r"'(\w+)'", match.group(1)))
+    matches = re.findall(constraint + r"\s+CHECK \(status IN \(([^)]*)\)\)", sql)
+    assert matches, f"no CHECK constraint {constraint} in the migrations"
+    return tuple(re.findall(r"'(\w+)'", matches[-1]))  # the migration that defined it last
 
 
 def test_every_status_is_reachable(registry: Registry):
     """RUN_STATUSES is exactly the CHECK's list, and set_run_status reaches each one, from any other."""
-    newest = sorted(SQL_DIR.glob("[0-9][0-9][0-9]_*.sql"))[-1].read_text()
-    assert _check_list(newest, "training_runs_status_check") == RUN_STATUSES
+    migrations = "\n".join(p.read_text() for p in sorted(SQL_DIR.glob("[0-9][0-9][0-9]_*.sql")))
+    assert _check_list(migrations, "training_runs_status_check") == RUN_STATUSES
     for status in RUN_STATUSES:
         _register(registry, f"to-{status}")
         assert registry.set_run_status(PIPELINE, f"to-{status}", status).status == status
@@ -415,7 +420,7 @@ def test_migration_002_carries_runs_and_versions_over(registry_url: str, tmp_pat
     old_ids = _database_at_001(registry_url, tmp_path, monkeypatch)
     assert len(set(old_ids.values())) == 3
     with Registry(registry_url) as reg:
-        assert reg.migrate() == [2]
+        assert reg.migrate() == [2, 3]
         assert reg.migrate() == []  # applied once
 
         first = reg.get_run(PIPELINE, "scheduled__1")  # the runs before 002 belong to criteo_dlrm
@@ -482,5 +487,5 @@ def test_failed_migration_002_changes_nothing(registry_url: str, tmp_path: Path,
             assert "pipeline" not in {c["name"] for c in inspect(conn).get_columns("model_versions")}
         engine.dispose()
         monkeypatch.setattr(registry_module, "load_queries", original)
-        assert reg.migrate() == [2]
+        assert reg.migrate() == [2, 3]
         assert reg.get_run(PIPELINE, "scheduled__1").id == old_ids["scheduled__1"]

@@ -14,11 +14,8 @@
 -- dialect: postgresql
 SELECT pg_advisory_xact_lock(7401155201);
 
--- SQLite: take the write lock now (waits up to the busy timeout); Python's sqlite3 would otherwise run each DDL
--- statement in its own implicit transaction.
--- name: lock_migrations
--- dialect: sqlite
-BEGIN IMMEDIATE;
+-- SQLite needs no statement here: every registry transaction on SQLite starts with BEGIN IMMEDIATE
+-- (tasks/release/registry.py), which takes the write lock before the first statement and waits for it.
 
 -- name: applied_migrations
 SELECT version FROM schema_version ORDER BY version;
@@ -64,14 +61,27 @@ WHERE pipeline = :pipeline AND run_id = :run_id;
 -- Versions are immutable: a second record of the same (model_name, version) inserts nothing, and the caller
 -- checks that the stored row says the same thing.
 -- name: record_version
-INSERT INTO model_versions (model_name, version, pipeline, run_id, artifact_uri, metrics, published_at)
-VALUES (:model_name, :version, :pipeline, :run_id, :artifact_uri, :metrics, :now)
+INSERT INTO model_versions (model_name, version, pipeline, run_id, artifact_uri, metrics, manifest_sha256,
+                            published_at)
+VALUES (:model_name, :version, :pipeline, :run_id, :artifact_uri, :metrics, :manifest_sha256, :now)
 ON CONFLICT (model_name, version) DO NOTHING;
 
 -- name: get_version
-SELECT model_name, version, pipeline, run_id, artifact_uri, metrics, published_at
+SELECT model_name, version, pipeline, run_id, artifact_uri, metrics, manifest_sha256, published_at
 FROM model_versions
 WHERE model_name = :model_name AND version = :version;
+
+-- Owners: the first publish of a model name claims it for its pipeline; two racing claimers insert one row, and
+-- each then reads the owner back.
+-- name: claim_model
+INSERT INTO model_owners (model_name, pipeline, claimed_at)
+VALUES (:model_name, :pipeline, :now)
+ON CONFLICT (model_name) DO NOTHING;
+
+-- name: get_owner
+SELECT pipeline, claimed_at
+FROM model_owners
+WHERE model_name = :model_name;
 
 -- Aliases (compare-and-set) -------------------------------------------------------------------------------------
 

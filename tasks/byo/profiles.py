@@ -32,9 +32,11 @@ KNOBS: dict[str, Knob] = {
     "log_every_steps": Knob({"type": "integer", "minimum": 1}, "Progress line interval in steps."),
     "seed": Knob({"type": "integer", "minimum": 0}, "Seed for weights and batch order."),
     "amp": Knob({"type": "boolean"}, "Mixed precision: fp16 on CUDA, bf16 autocast on CPU."),
-    "min_auc": Knob({"type": "number", "minimum": 0, "maximum": 1}, "Publish only if test AUC reaches this."),
+    "min_auc": Knob({"type": "number", "minimum": 0, "maximum": 1}, "Publish only if test AUC reaches this.",
+                     release="min"),
     "max_regression": Knob({"type": "number", "minimum": 0, "maximum": 1},
-                           "Publish only if AUC is at most this much below the published model."),
+                           "Publish only if AUC is at most this much below the published model.",
+                           release="max"),
 }
 
 # Knobs handed to the trainer (models.dlrm.config.DlrmConfig fields of the same name); the rest are the pipeline's.

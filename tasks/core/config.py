@@ -28,6 +28,9 @@ each pipeline its training profiles. Environment variables (all optional; with n
                            commas or spaces (default: aws_default)
   RECFLOW_PARTITION_LOCK_TIMEOUT_S  seconds a step waits for another run's lock on the same partition before it
                            fails, to be retried (default 3600)
+  RECFLOW_RELEASE_MIN_VALUE, RECFLOW_RELEASE_MAX_REGRESSION  the loosest gate a trigger form may ask for: the lowest
+                           min_<metric> (min_auc, min_hr, min_map) and the highest max_regression (default: the
+                           values of the deployment's RECFLOW_PROFILE). A form may only tighten them (issue #24)
   RECFLOW_DOWNLOAD_MAX_BYTES  source bytes one download may fetch (default 64 GiB; a Criteo day is ~15 GB gzipped)
   RECFLOW_EXPANDED_MAX_BYTES  bytes one gunzip or one zip extraction may write (default 64 GiB; a Criteo day is
                            ~46 GB of TSV): a decompression bomb is refused at the cap, not when the disk is full
@@ -93,6 +96,9 @@ class Settings:
     publish_allowed: tuple[str, ...] = ()
     allowed_conn_ids: tuple[str, ...] = ("aws_default",)
     partition_lock_timeout_s: float = 3600.0
+    # The loosest release gate a trigger form may set; None: the deployment profile's value (tasks.core.profiles).
+    release_min_value: float | None = None
+    release_max_regression: float | None = None
     # Input limits (docs/security.md): what one download, decompression, task or window may take.
     download_max_bytes: int = 64 << 30
     expanded_max_bytes: int = 64 << 30
@@ -171,6 +177,10 @@ def load_settings(env: dict[str, str] | None = None) -> Settings:
         overrides["allowed_conn_ids"] = _list(env["RECFLOW_ALLOWED_CONN_IDS"])
     if env.get("RECFLOW_PARTITION_LOCK_TIMEOUT_S"):
         overrides["partition_lock_timeout_s"] = float(env["RECFLOW_PARTITION_LOCK_TIMEOUT_S"])
+    for name, key in (("RECFLOW_RELEASE_MIN_VALUE", "release_min_value"),
+                      ("RECFLOW_RELEASE_MAX_REGRESSION", "release_max_regression")):
+        if env.get(name):
+            overrides[key] = float(env[name])
     overrides.update(_limit_overrides(env))
     return replace(Settings(), **overrides)
 

@@ -7,6 +7,11 @@ killed so no Spark driver or trainer outlives its task. So is it when the proces
 task whose Airflow supervisor was killed (a SIGKILLed LocalExecutor scheduler takes its supervisors with it) is an
 orphan whose result nobody collects, and the scheduler runs the task again; its child must not run on beside the
 retry (two Spark jobs writing one output, and twice the CPU the pool allows).
+
+A child never inherits the task's secrets (issue #24): its environment is the one given (or this process's) without
+the variables `child_environment` names as secret (the metadata database URL, Celery broker, JWT / API / fernet
+keys, Airflow connections and variables, MinIO root credentials, anything named like a password, secret or token).
+Children read local files and talk to Spark; credentials stay in the task that fetched or publishes.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ import os
 import queue
 import signal
 import subprocess
+import re
 import threading
 import time
 from collections import deque
@@ -26,6 +32,20 @@ from dataclasses import dataclass
 log = logging.getLogger(__name__)
 
 ERROR_MARKER = "RECFLOW-ERROR:"  # recflow's jobs print their one-line failure reason after this marker
+
+# Variables a child never gets: Airflow's own secrets and connections, the deployment's root credentials, and
+# anything whose name says it holds one (AWS_SECRET_ACCESS_KEY, *_PASSWORD, *_TOKEN, ...).
+_SECRET_NAMES = re.compile(
+    r"AIRFLOW_CONN_.*|AIRFLOW_VAR_.*|AIRFLOW__DATABASE__.*|AIRFLOW__CELERY__(BROKER_URL|RESULT_BACKEND).*"
+    r"|AIRFLOW__.*(_CMD|_SECRET)|AIRFLOW__CORE__FERNET_KEY.*|AIRFLOW__API_AUTH__.*|AIRFLOW__API__SECRET_KEY.*"
+    r"|MINIO_ROOT_.*|POSTGRES_.*|REDIS_PASSWORD|_AIRFLOW_WWW_USER_.*"
+    r"|.*(SECRET|PASSWORD|PASSWD|TOKEN|PRIVATE_KEY|CREDENTIAL|FERNET|JWT).*", re.IGNORECASE)
+
+
+def child_environment(env: Mapping[str, str] | None = None) -> dict[str, str]:
+    """`env` (default: this process's environment) without the secret variables (see the module docstring)."""
+    source = os.environ if env is None else env
+    return {name: value for name, value in source.items() if not _SECRET_NAMES.fullmatch(name)}
 
 
 def _groups(pgid: int | Sequence[int]) -> tuple[int, ...]:
@@ -119,7 +139,7 @@ def run_streaming(argv: Sequence[str], env: Mapping[str, str] | None = None, cwd
     tail: deque[str] = deque(maxlen=50)
     marked: str | None = None
     proc = subprocess.Popen(
-        list(argv), env=dict(env) if env is not None else None, cwd=cwd, stdout=subprocess.PIPE,
+        list(argv), env=child_environment(env), cwd=cwd, stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, text=True, errors="backslashreplace", bufsize=1,
         start_new_session=True,
     )
@@ -204,7 +224,7 @@ def run_streaming_group(children: Sequence[ChildCommand], cwd: str | None = None
     try:
         for child in children:
             procs.append(subprocess.Popen(
-                list(child.argv), env=dict(child.env) if child.env is not None else None, cwd=cwd,
+                list(child.argv), env=child_environment(child.env), cwd=cwd,
                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, text=True,
                 errors="backslashreplace", bufsize=1, start_new_session=True))
         readers = [threading.Thread(target=_read_lines, name=f"reader-{child.label}", daemon=True,

@@ -4,6 +4,11 @@ A pipeline declares its knobs once (`Knob`: JSON schema of a set value + descrip
 give every knob a value (`demo` for this machine's demo and tests, `full` for a real-size run). A DAG run picks a
 profile (the `profile` param, else the deployment's RECFLOW_PROFILE) and may override single knobs; a param left
 empty means "the profile's value". `resolve_knobs` is the only place where the three meet.
+
+Release thresholds (a knob declared with `release="min"` or `"max"`: min_auc, max_regression, ...) are deployment
+settings, not form knobs (issue #24): the value a run ends up with, from its profile or its params, may be stricter
+than the deployment's (RECFLOW_RELEASE_MIN_VALUE / RECFLOW_RELEASE_MAX_REGRESSION, else the value in the deployment's
+RECFLOW_PROFILE) but never looser; a looser one is refused with one line before any work.
 """
 
 from __future__ import annotations
@@ -11,6 +16,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+from tasks.core.config import NotAllowed, load_settings
 
 
 @dataclass(frozen=True)
@@ -21,6 +28,11 @@ class Knob:
     description: str
     title: str | None = None
     extra: Mapping[str, Any] = field(default_factory=dict)
+    release: str | None = None  # "min" / "max": a release threshold a run may only raise / lower
+
+
+class ReleaseThresholdLoosened(NotAllowed, ValueError):
+    """A run asked for a looser release gate than the deployment allows (bad input: not retried)."""
 
 
 class ProfileError(ValueError):
@@ -42,7 +54,33 @@ def resolve_knobs(knobs: Mapping[str, Knob], profiles: Mapping[str, Mapping[str,
         raise ProfileError(f"unknown profile {profile!r}: expected one of {', '.join(sorted(profiles))}")
     values = dict(profiles[profile])
     values.update({name: params[name] for name in knobs if params.get(name) is not None})
+    check_release_thresholds(knobs, profiles, profile, values)
     return values
+
+
+def check_release_thresholds(knobs: Mapping[str, Knob], profiles: Mapping[str, Mapping[str, Any]], profile: str,
+                             values: Mapping[str, Any]) -> None:
+    """ReleaseThresholdLoosened (one line) when a release knob's value is looser than the deployment's limit:
+    RECFLOW_RELEASE_MIN_VALUE / RECFLOW_RELEASE_MAX_REGRESSION, else the knob's value in RECFLOW_PROFILE's profile."""
+    release = {name: knob.release for name, knob in knobs.items() if knob.release}
+    if not release:
+        return
+    settings = load_settings()
+    deployment = profiles.get(settings.profile, {})
+    for name, kind in release.items():
+        explicit = settings.release_min_value if kind == "min" else settings.release_max_regression
+        setting = "RECFLOW_RELEASE_MIN_VALUE" if kind == "min" else "RECFLOW_RELEASE_MAX_REGRESSION"
+        limit = explicit if explicit is not None else deployment.get(name)
+        value = values.get(name)
+        if limit is None or value is None:
+            continue
+        looser = value < limit if kind == "min" else value > limit
+        if looser:
+            source = setting if explicit is not None else f"profile {settings.profile!r} (RECFLOW_PROFILE)"
+            change = "lower" if kind == "min" else "raise"
+            raise ReleaseThresholdLoosened(
+                f"{name}={value} (profile {profile!r} and the trigger form) is looser than the deployment's "
+                f"{limit} from {source}: a run may only tighten release thresholds; {change} {setting} to allow it")
 
 
 def layer_sizes(text: str, *, what: str = "MLP sizes", even_first: bool = False) -> list[int]:

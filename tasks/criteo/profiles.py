@@ -53,9 +53,11 @@ KNOBS: dict[str, Knob] = {
                      "Embedding tables: data_parallel (every process holds all), or split across the training "
                      "processes by TorchRec: table_wise, column_wise, auto (TorchRec's planner picks), row_wise "
                      "(CUDA only). The MLPs stay data parallel."),
-    "min_auc": Knob({"type": "number", "minimum": 0, "maximum": 1}, "Publish only if test AUC reaches this."),
+    "min_auc": Knob({"type": "number", "minimum": 0, "maximum": 1}, "Publish only if test AUC reaches this.",
+                     release="min"),
     "max_regression": Knob({"type": "number", "minimum": 0, "maximum": 1},
-                           "Publish only if AUC is at most this much below the published model."),
+                           "Publish only if AUC is at most this much below the published model.",
+                           release="max"),
 }
 
 # Knobs handed to the trainer (models.dlrm.config.DlrmConfig fields of the same name); the rest are the pipeline's.

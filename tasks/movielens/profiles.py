@@ -44,10 +44,11 @@ KNOBS: dict[str, Knob] = {
                                    "Checkpoint interval in steps; a retried train task resumes from the last one "
                                    "(0 = at the end of each epoch only)."),
     "seed": Knob({"type": "integer", "minimum": 0}, "Seed for test negatives, weights, training negatives and order."),
-    "min_hr": Knob({"type": "number", "minimum": 0, "maximum": 1}, "Publish only if test HR@10 reaches this."),
+    "min_hr": Knob({"type": "number", "minimum": 0, "maximum": 1}, "Publish only if test HR@10 reaches this.",
+                    release="min"),
     "max_regression": Knob({"type": "number", "minimum": 0, "maximum": 1},
                            "Publish only if HR@10 is at most this much below the published model's on the same "
-                           "test rows."),
+                           "test rows.", release="max"),
 }
 
 # Knobs the preprocessing reads; the trainer's flags are built by tasks.movielens.ncf.trainer_config.

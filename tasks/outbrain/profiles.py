@@ -52,10 +52,10 @@ KNOBS: dict[str, Knob] = {
     "map_k": Knob({"type": "integer", "minimum": 1, "maximum": 100},
                   "Cut-off of the ranking metric (Outbrain's Kaggle metric: MAP@12)."),
     "min_map": Knob({"type": "number", "minimum": 0, "maximum": 1},
-                    "Publish only if validation MAP@k reaches this."),
+                    "Publish only if validation MAP@k reaches this.", release="min"),
     "max_regression": Knob({"type": "number", "minimum": 0, "maximum": 1},
                            "Publish only if MAP@k is at most this much below the published model's on the same "
-                           "validation displays."),
+                           "validation displays.", release="max"),
 }
 
 # Knobs the features read; the trainer's flags are built by tasks.outbrain.wide_deep.trainer_config. The features'

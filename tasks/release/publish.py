@@ -34,7 +34,7 @@ from typing import Any
 from urllib.parse import unquote, urlsplit
 
 from tasks.core.config import NotAllowed
-from tasks.release.artifact_store import ArtifactStore, open_store
+from tasks.release.artifact_store import ArtifactStore, open_store, validate_key
 from tasks.core.storage import MANIFEST_NAME, Manifest, file_sha256
 
 log = logging.getLogger(__name__)
@@ -54,6 +54,16 @@ class VersionConflict(RuntimeError):
 
 class PublishNotAllowed(NotAllowed):
     """The store URI lies outside RECFLOW_PUBLISH_ALLOWED (bad input: not retried)."""
+
+
+class TamperedVersion(NotAllowed):
+    """A published version's manifest is not the one the registry recorded when it was published: something changed
+    it in the store afterwards. Nothing of it is fetched or loaded (not retried: it will not get better)."""
+
+
+class UnverifiedVersion(FileNotFoundError):
+    """A version the registry recorded no manifest digest for (published before digests were recorded, or by hand):
+    it is never loaded. A FileNotFoundError, so the gate compares by the version's recorded metric instead."""
 
 
 def _store_location(uri: str) -> tuple[str, str | Path, list[str]] | None:
@@ -101,6 +111,7 @@ class PublishResult:
     files: dict[str, int]  # every object of the version (manifest excluded) → bytes
     became_latest: bool  # latest.json names this version after the call
     cached: bool  # the version was already published with the same content; nothing was uploaded
+    manifest_sha256: str = ""  # of the committed _MANIFEST.json: what the registry records, checked before loading
 
 
 def validate_name(kind: str, value: str) -> str:
@@ -133,13 +144,20 @@ def _describe_bytes(data: bytes) -> dict[str, Any]:
 
 
 def _read_manifest(store: ArtifactStore, model_name: str, version: str) -> dict[str, Any] | None:
+    found = _read_manifest_bytes(store, model_name, version)
+    return None if found is None else found[0]
+
+
+def _read_manifest_bytes(store: ArtifactStore, model_name: str, version: str) -> tuple[dict[str, Any], str] | None:
+    """(parsed manifest, sha256 of its bytes) of a version, or None when it has none."""
     raw = store.get_bytes(_version_prefix(model_name, version) + MANIFEST_NAME)
     if raw is None:
         return None
     try:
-        return json.loads(raw)
+        manifest = json.loads(raw)
     except json.JSONDecodeError as exc:
         raise ValueError(f"manifest of {model_name} version {version} is not valid JSON: {exc}") from None
+    return manifest, hashlib.sha256(raw).hexdigest()
 
 
 def _check_same_content(existing: dict[str, Any], planned: dict[str, dict[str, Any]], where: str) -> None:
@@ -195,26 +213,31 @@ def publish_model(store_uri: str, model_name: str, version: str, files: dict[str
     planned |= {name: _describe_bytes(data) for name, data in extra.items()}
     where = f"{model_name} version {version} at {store.url_for(prefix + MANIFEST_NAME)}"
 
-    cached = (existing := _read_manifest(store, model_name, version)) is not None
+    cached = (existing := _read_manifest_bytes(store, model_name, version)) is not None
     if cached:
-        _check_same_content(existing, planned, where)
+        _check_same_content(existing[0], planned, where)
+        digest = existing[1]
         log.info("%s is already published with the same content: nothing uploaded", where)
     else:
         _upload_version(store, prefix, files, extra)
         manifest = Manifest(kind="published_model", inputs={"model_name": model_name, "version": version},
                             files=planned, created_at=datetime.now(timezone.utc).isoformat(timespec="seconds"))
+        raw = manifest.to_json().encode()
+        digest = hashlib.sha256(raw).hexdigest()
         # The manifest commits the version; CAS so that of two publishers of one version only one commits it.
-        if store.compare_and_swap(prefix + MANIFEST_NAME, manifest.to_json().encode(), None):
+        if store.compare_and_swap(prefix + MANIFEST_NAME, raw, None):
             log.info("committed %s (%d objects)", where, len(planned))
         else:
-            _check_same_content(_read_manifest(store, model_name, version) or {}, planned, where)
+            theirs = _read_manifest_bytes(store, model_name, version) or ({}, "")
+            _check_same_content(theirs[0], planned, where)
+            digest = theirs[1]
             log.info("%s was committed by a concurrent publisher with the same content", where)
             cached = True
 
     uri = _version_uri(store, model_name, version)
     became_latest = _advance_pointer(store, model_name, version, uri, metrics)
     sizes = {name: entry["bytes"] for name, entry in planned.items()}
-    return PublishResult(model_name, version, uri, sizes, became_latest, cached)
+    return PublishResult(model_name, version, uri, sizes, became_latest, cached, digest)
 
 
 def _parse_pointer(raw: bytes | None, where: str) -> dict[str, Any] | None:
@@ -288,19 +311,37 @@ def latest_version(store_uri: str, model_name: str, s3_client=None) -> dict | No
             "published_at": manifest.get("created_at")}
 
 
-def _committed_manifest(store: ArtifactStore, model_name: str, version: str) -> dict[str, Any]:
+def _committed_manifest(store: ArtifactStore, model_name: str, version: str,
+                        trusted_sha256: str | None = None) -> dict[str, Any]:
+    """The manifest of a committed version. trusted_sha256: the digest the registry recorded at publish time; a
+    manifest with any other digest is TamperedVersion, refused before any file of the version is read."""
     validate_name("model name", model_name)
     validate_name("version", version)
-    manifest = _read_manifest(store, model_name, version)
-    if manifest is None:
-        where = store.url_for(_version_prefix(model_name, version) + MANIFEST_NAME)
+    where = store.url_for(_version_prefix(model_name, version) + MANIFEST_NAME)
+    found = _read_manifest_bytes(store, model_name, version)
+    if found is None:
         raise FileNotFoundError(f"{model_name} version {version} is not published: no {where}")
+    manifest, digest = found
+    if trusted_sha256 is not None and digest != trusted_sha256:
+        raise TamperedVersion(f"refusing {model_name} version {version}: {where} has sha256 {digest[:16]}, not the "
+                              f"{trusted_sha256[:16]} the registry recorded when it was published (changed in the "
+                              "store since); nothing of it was fetched or loaded")
+    files = manifest.get("files") if isinstance(manifest, dict) else None
+    if not isinstance(files, dict):
+        raise ValueError(f"{where} has no 'files' mapping")
+    for name in files:  # a name becomes a local path when fetched: check them all before any folder is made
+        try:
+            validate_key(name)
+        except ValueError as exc:
+            raise ValueError(f"{where} names an unsafe file: {exc}") from None
     return manifest
 
 
-def published_manifest(store_uri: str, model_name: str, version: str, s3_client=None) -> dict[str, Any]:
-    """The manifest of a committed version (its files with sizes and checksums); FileNotFoundError if uncommitted."""
-    return _committed_manifest(open_store(store_uri, s3_client), model_name, version)
+def published_manifest(store_uri: str, model_name: str, version: str, s3_client=None,
+                       trusted_sha256: str | None = None) -> dict[str, Any]:
+    """The manifest of a committed version (its files with sizes and checksums); FileNotFoundError if uncommitted,
+    TamperedVersion if its digest is not `trusted_sha256` (when given)."""
+    return _committed_manifest(open_store(store_uri, s3_client), model_name, version, trusted_sha256)
 
 
 def load_published_metrics(store_uri: str, model_name: str, version: str, s3_client=None) -> dict:
@@ -315,16 +356,22 @@ def load_published_metrics(store_uri: str, model_name: str, version: str, s3_cli
 
 
 def fetch_published_file(store_uri: str, model_name: str, version: str, name: str, local_path: Path,
-                         s3_client=None) -> Path:
-    """Download one file of a committed version to local_path, verified against the manifest's size and sha256."""
+                         s3_client=None, trusted_sha256: str | None = None) -> Path:
+    """Download one file of a committed version to local_path, verified against the manifest's size and sha256
+    (and the manifest against the registry's digest, when given). The name is checked before any folder is made."""
     store = open_store(store_uri, s3_client)
-    manifest = _committed_manifest(store, model_name, version)
+    validate_key(name)
+    manifest = _committed_manifest(store, model_name, version, trusted_sha256)
+    return _fetch_file(store, model_name, version, manifest, name, Path(local_path))
+
+
+def _fetch_file(store: ArtifactStore, model_name: str, version: str, manifest: dict[str, Any], name: str,
+                local_path: Path) -> Path:
     entry = manifest["files"].get(name)
     key = _version_prefix(model_name, version) + name
     if entry is None:
         raise FileNotFoundError(f"{store.url_for(key)} is not in the version's manifest "
                                 f"(has: {', '.join(sorted(manifest['files']))})")
-    local_path = Path(local_path)
     local_path.parent.mkdir(parents=True, exist_ok=True)
     tmp = local_path.parent / f".tmp-{local_path.name}-{os.getpid()}-{random.getrandbits(32):08x}"
     try:
@@ -340,20 +387,22 @@ def fetch_published_file(store_uri: str, model_name: str, version: str, name: st
 
 
 def fetch_published_version(store_uri: str, model_name: str, version: str, local_dir: Path,
-                            s3_client=None) -> Path:
-    """Every file of a committed version under local_dir, each verified against the manifest; the directory
-    appears only complete (atomic) with the version's manifest in it, and a second call finds it and returns."""
+                            s3_client=None, trusted_sha256: str | None = None) -> Path:
+    """Every file of a committed version under local_dir, each verified against the manifest (and the manifest
+    against `trusted_sha256`, the digest the registry recorded at publish time, when given: TamperedVersion
+    otherwise, before anything is downloaded); the directory appears only complete (atomic) with the version's
+    manifest in it, and a second call finds it and returns."""
     from tasks.core.storage import atomic_directory
 
     local_dir = Path(local_dir)
     store = open_store(store_uri, s3_client)
-    manifest = _committed_manifest(store, model_name, version)
+    manifest = _committed_manifest(store, model_name, version, trusted_sha256)
     local_manifest = local_dir / MANIFEST_NAME
     if local_manifest.is_file() and json.loads(local_manifest.read_text()).get("files") == manifest["files"]:
         return local_dir
     with atomic_directory(local_dir) as tmp:
         for name in sorted(manifest["files"]):
-            fetch_published_file(store_uri, model_name, version, name, tmp / name, s3_client)
+            _fetch_file(store, model_name, version, manifest, name, tmp / name)
         (tmp / MANIFEST_NAME).write_text(json.dumps(manifest, indent=2, sort_keys=True))
     log.info("fetched %s version %s (%d files) into %s", model_name, version, len(manifest["files"]), local_dir)
     return local_dir

@@ -13,7 +13,14 @@ PostgreSQL, picked by an Airflow connection (`registry_url_from_connection`).
 Concurrency: the `model_aliases` row is the single source of truth for "latest". `promote` reads it, decides in
 Python (a version is newer when it sorts after the current one as a plain string, tasks/release/publish.py's rule), and
 writes with a compare-and-set on `revision`; a writer whose read went stale updates no row, re-reads and decides
-again. So concurrent publishes never lose an update, and exactly one of them ends up as `latest`.
+again. So concurrent publishes never lose an update, and exactly one of them ends up as `latest`. On SQLite every
+transaction begins with BEGIN IMMEDIATE (the write lock up front, waited for up to the busy timeout and retried while
+"database is locked" until a deadline), so concurrent migrations and writers queue instead of failing, and no
+transaction can deadlock by upgrading a read lock.
+
+Ownership and trust (issue #24): a model name belongs to the pipeline that published it first (`claim_model`); a
+version records the sha256 of its manifest, which `tasks.release.steps.fetch_production` checks before any file of
+the version is fetched or loaded.
 """
 
 from __future__ import annotations
@@ -22,8 +29,9 @@ import json
 import logging
 import random
 import re
+import sqlite3
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -33,7 +41,9 @@ from typing import Any
 
 from sqlalchemy import Connection, CursorResult, create_engine, event, inspect, text
 from sqlalchemy.engine import make_url
-from sqlalchemy.exc import ArgumentError, IntegrityError, SQLAlchemyError
+from sqlalchemy.exc import ArgumentError, IntegrityError, OperationalError, SQLAlchemyError
+
+from tasks.core.config import NotAllowed
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +60,7 @@ _DIALECT_LINE = re.compile(r"--\s*dialect:\s*(\S+)\s*$")
 _MIGRATION_FILE = re.compile(r"(\d{3})_\w+\.sql")
 _PROMOTE_ATTEMPTS = 50
 _SQLITE_BUSY_SECONDS = 30.0
+_SQLITE_LOCKED_DEADLINE_S = 120.0  # BEGIN IMMEDIATE retried this long past the busy timeout's own waits
 _CONNECTION_TYPES = ("postgres", "sqlite")
 
 
@@ -59,6 +70,10 @@ class RegistryError(RuntimeError):
 
 class RegistryConflict(RegistryError):
     """A retried write found a different row already there (runs and versions are write-once)."""
+
+
+class ModelOwnedElsewhere(RegistryError, NotAllowed):
+    """A pipeline tried to gate or publish under a model name another pipeline owns (bad input: not retried)."""
 
 
 @dataclass(frozen=True)
@@ -145,14 +160,40 @@ def _window_text(window: object) -> str:
     return _json_text(dict(window))
 
 
-def _sqlite_pragmas(dbapi_connection, _record) -> None:
+def _retry_while_locked(statement: Callable[[], object], what: str) -> None:
+    """Run `statement`, again while SQLite answers "database is locked"/"busy" (its busy handler is not called in
+    every case: a journal-mode switch, a lock held across the timeout), with jittered waits until a deadline."""
+    deadline = time.monotonic() + _SQLITE_LOCKED_DEADLINE_S
+    attempt = 0
+    while True:
+        try:
+            statement()
+            return
+        except (sqlite3.OperationalError, OperationalError) as exc:
+            locked = "locked" in str(exc) or "busy" in str(exc)
+            if not locked or time.monotonic() > deadline:
+                raise
+            attempt += 1
+            log.info("registry busy on %s (attempt %d): waiting", what, attempt)
+            time.sleep(random.uniform(0.01, min(0.5, 0.02 * attempt)))
+
+
+def _sqlite_connect(dbapi_connection, _record) -> None:
     # WAL lets readers run beside the one writer; busy_timeout makes a second writer wait instead of failing with
-    # "database is locked"; SQLite enforces foreign keys only when asked, per connection.
+    # "database is locked"; SQLite enforces foreign keys only when asked, per connection. isolation_level=None:
+    # the driver starts no transaction of its own, _sqlite_begin does (SQLAlchemy's documented pysqlite recipe).
+    dbapi_connection.isolation_level = None
     cursor = dbapi_connection.cursor()
-    cursor.execute("PRAGMA journal_mode=WAL")
     cursor.execute(f"PRAGMA busy_timeout={int(_SQLITE_BUSY_SECONDS * 1000)}")
+    _retry_while_locked(lambda: cursor.execute("PRAGMA journal_mode=WAL"), "switching to WAL")
     cursor.execute("PRAGMA foreign_keys=ON")
     cursor.close()
+
+
+def _sqlite_begin(conn: Connection) -> None:
+    # The write lock up front: a transaction that read first and wrote later could fail at once with "database is
+    # locked" when another writer committed in between (SQLite does not wait there, to avoid a deadlock).
+    _retry_while_locked(lambda: conn.exec_driver_sql("BEGIN IMMEDIATE"), "BEGIN IMMEDIATE")
 
 
 class Registry:
@@ -175,7 +216,8 @@ class Registry:
                 Path(parsed.database).expanduser().parent.mkdir(parents=True, exist_ok=True)
         self._engine = create_engine(parsed, connect_args=connect_args, pool_pre_ping=True)
         if self.dialect == "sqlite":
-            event.listen(self._engine, "connect", _sqlite_pragmas)
+            event.listen(self._engine, "connect", _sqlite_connect)
+            event.listen(self._engine, "begin", _sqlite_begin)
         self._queries = {q.name: q for q in load_queries(QUERIES_FILE) if q.dialect in (None, self.dialect)}
 
     def close(self) -> None:
@@ -285,11 +327,14 @@ class Registry:
     # -- versions and aliases -------------------------------------------------------------------------------------
 
     def record_version(self, model_name: str, version: str, run_id: str | None, artifact_uri: str,
-                       metrics: dict, *, pipeline: str | None = None) -> bool:
+                       metrics: dict, *, pipeline: str | None = None, manifest_sha256: str | None = None) -> bool:
         """Record a published version (write-once); True if recorded now, False if already there unchanged.
 
         The run that produced it is (pipeline, run_id): both given, or both None for a version without a registered
-        run (imported, published by hand). A run id without its pipeline could never be matched to its run.
+        run (imported, published by hand). A run id without its pipeline could never be matched to its run. With a
+        pipeline, the model name is claimed for it (the first publish claims; another pipeline's name is
+        ModelOwnedElsewhere). manifest_sha256: the digest of the version's manifest, the only form in which the
+        version is ever loaded again (None: never loaded).
         """
         if (run_id is None) != (pipeline is None):
             raise ValueError(f"{model_name!r} version {version!r}: pipeline and run_id name the run together, give "
@@ -299,17 +344,45 @@ class Registry:
             _require_text("run id", run_id)
         params = {"model_name": _require_text("model name", model_name), "version": _require_text("version", version),
                   "pipeline": pipeline, "run_id": run_id, "artifact_uri": _require_text("artifact URI", artifact_uri),
-                  "metrics": _json_text(metrics), "now": _now()}
+                  "metrics": _json_text(metrics), "manifest_sha256": manifest_sha256, "now": _now()}
         with self._begin(f"recording {model_name!r} version {version!r}") as conn:
+            if pipeline is not None:
+                self._claim(conn, model_name, pipeline)
             created = self._run(conn, "record_version", **params).rowcount == 1
             row = self._run(conn, "get_version", model_name=model_name, version=version).mappings().one()
-        differs = [key for key in ("pipeline", "run_id", "artifact_uri", "metrics") if row[key] != params[key]]
+        differs = [key for key in ("pipeline", "run_id", "artifact_uri", "metrics", "manifest_sha256")
+                   if row[key] != params[key]]
         if differs:
             raise RegistryConflict(f"{model_name!r} version {version!r} is already recorded with different "
                                    f"{', '.join(differs)}: versions are immutable, publish a new version")
         log.info("%s %s version %s (%s)", "recorded" if created else "already recorded:", model_name, version,
                  artifact_uri)
         return created
+
+    def _claim(self, conn: Connection, model_name: str, pipeline: str) -> None:
+        self._run(conn, "claim_model", model_name=model_name, pipeline=pipeline, now=_now())
+        owner = self._run(conn, "get_owner", model_name=model_name).mappings().one()["pipeline"]
+        if owner != pipeline:
+            raise ModelOwnedElsewhere(_owned_elsewhere(model_name, owner, pipeline))
+
+    def claim_model(self, model_name: str, pipeline: str) -> None:
+        """Bind `model_name` to `pipeline` if no pipeline owns it yet; ModelOwnedElsewhere (one line) if another
+        pipeline does."""
+        with self._begin(f"claiming {model_name!r} for pipeline {pipeline!r}") as conn:
+            self._claim(conn, _require_text("model name", model_name), _require_text("pipeline", pipeline))
+
+    def check_owner(self, model_name: str, pipeline: str) -> None:
+        """ModelOwnedElsewhere (one line) if a pipeline other than `pipeline` owns `model_name`; claims nothing."""
+        with self._begin(f"reading the owner of {model_name!r}") as conn:
+            row = self._run(conn, "get_owner", model_name=model_name).mappings().first()
+        if row is not None and row["pipeline"] != pipeline:
+            raise ModelOwnedElsewhere(_owned_elsewhere(model_name, row["pipeline"], pipeline))
+
+    def model_owner(self, model_name: str) -> str | None:
+        """The pipeline that owns `model_name`, or None if no version of it was published by a pipeline."""
+        with self._begin(f"reading the owner of {model_name!r}") as conn:
+            row = self._run(conn, "get_owner", model_name=model_name).mappings().first()
+        return row["pipeline"] if row is not None else None
 
     def promote(self, model_name: str, version: str, alias: str = "latest") -> bool:
         """Move `alias` to `version` if it sorts after the version the alias names now; True if this call moved it.
@@ -353,7 +426,8 @@ class Registry:
         return [json.loads(row["data_window"]) for row in rows if row["status"] in statuses]
 
     def version(self, model_name: str, version: str) -> dict | None:
-        """{'model_name', 'version', 'run_id', 'artifact_uri', 'metrics', 'published_at'} of a recorded version."""
+        """{'model_name', 'version', 'pipeline', 'run_id', 'artifact_uri', 'metrics', 'manifest_sha256',
+        'published_at'} of a recorded version."""
         with self._begin(f"reading {model_name!r} version {version!r}") as conn:
             row = self._run(conn, "get_version", model_name=model_name, version=version).mappings().first()
         return dict(row) | {"metrics": json.loads(row["metrics"])} if row is not None else None
@@ -394,6 +468,11 @@ class Registry:
             entry["aliases"] = sorted(named.get(row["version"], []))
             history.append(entry)
         return history
+
+
+def _owned_elsewhere(model_name: str, owner: str, pipeline: str) -> str:
+    return (f"model name {model_name!r} belongs to pipeline {owner!r} (its first publisher): pipeline {pipeline!r} "
+            f"may not gate or publish under it; choose another model_name")
 
 
 def _run_record(row: Any) -> RunRecord:

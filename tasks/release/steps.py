@@ -40,18 +40,40 @@ def s3_client_for(store_uri: str, aws_conn_id: str | None, allowed_conn_ids: tup
     return s3_client_from_connection(aws_conn_id, allowed_conn_ids)
 
 
+def trusted_manifest_sha256(settings: Settings, model: str, version: str | None,
+                            registry_conn_id: str | None = None) -> str:
+    """The manifest digest the registry recorded when `model` `version` was published: the only form in which a
+    published version is ever loaded (its files may hold pickles: nvt workflows, TorchScript). UnverifiedVersion (a
+    FileNotFoundError) when the registry has none: never published through it, or published before digests were."""
+    from tasks.release.publish import UnverifiedVersion
+
+    with open_registry(settings, registry_conn_id) as registry:
+        if version is None:
+            alias = registry.alias(model)
+            version = alias["version"] if alias else None
+        record = registry.version(model, version) if version else None
+    digest = record.get("manifest_sha256") if record else None
+    if not digest:
+        raise UnverifiedVersion(f"{model} {version}: the registry recorded no manifest digest for it (published "
+                                "before digests were recorded, or not through recflow): it is not loaded")
+    return digest
+
+
 def fetch_production(settings: Settings, version_uri: str, cache_dir: Path, *, aws_conn_id: str | None,
-                     required: Callable[[list[str]], list[str]]) -> Path:
-    """A local copy of a published version (what the gate scores): `required(file names)` lists what the version
-    lacks to be scored; a version that lacks something raises FileNotFoundError naming it."""
+                     required: Callable[[list[str]], list[str]], registry_conn_id: str | None = None) -> Path:
+    """A local copy of a published version (what the gate scores), verified before any of it is loaded: its
+    manifest against the digest the registry recorded at publish time (TamperedVersion, one line, otherwise), each
+    file against the manifest. `required(file names)` lists what the version lacks to be scored; a version that lacks
+    something raises FileNotFoundError naming it."""
     from tasks.release.publish import fetch_published_version, parse_model_uri, published_manifest
 
     store, model, version = parse_model_uri(version_uri)
+    trusted = trusted_manifest_sha256(settings, model, version, registry_conn_id)
     s3_client = s3_client_for(store, aws_conn_id, settings.allowed_conn_ids)
-    missing = required(list(published_manifest(store, model, version, s3_client)["files"]))
+    missing = required(list(published_manifest(store, model, version, s3_client, trusted)["files"]))
     if missing:
         raise FileNotFoundError(f"{model} {version} has no {', '.join(missing)}")
-    return fetch_published_version(store, model, version, cache_dir / model / version, s3_client)
+    return fetch_published_version(store, model, version, cache_dir / model / version, s3_client, trusted)
 
 
 def gate_run(settings: Settings, *, pipeline: str, dataset: str, run_id: str, model_name: str,
@@ -67,6 +89,7 @@ def gate_run(settings: Settings, *, pipeline: str, dataset: str, run_id: str, mo
     from tasks.release.gate import decide
 
     with open_registry(settings, registry_conn_id) as registry:
+        registry.check_owner(model_name, pipeline)  # another pipeline's model: refused before anything is recorded
         registry.register_run(pipeline, model_name, run_id, dataset=dataset, window=dict(window),
                               config_hash=config_hash)
         production = registry.alias(model_name)
@@ -108,10 +131,15 @@ def publish_run(settings: Settings, *, pipeline: str, run_id: str, when: datetim
     store = store_uri or settings.publish_store
     check_store_allowed(store, settings.allowed_publish_stores)  # a form's publish_uri: refused before any work
     s3_client = s3_client_for(store, aws_conn_id, settings.allowed_conn_ids)  # and a form's aws_conn_id
+    with open_registry(settings, registry_conn_id) as registry:
+        registry.check_owner(model_name, pipeline)  # another pipeline's model name: refused before any upload
     result = publish_model(store, model_name, make_version(when, run_id), files(), metrics, lineage_doc,
                            s3_client=s3_client, allowed_stores=settings.allowed_publish_stores)
     with open_registry(settings, registry_conn_id) as registry:
-        registry.record_version(model_name, result.version, run_id, result.uri, metrics, pipeline=pipeline)
+        # Claims the name for this pipeline (the first publish does; a racing other pipeline is refused here) and
+        # records the manifest's digest, the only form in which the version is ever loaded again.
+        registry.record_version(model_name, result.version, run_id, result.uri, metrics, pipeline=pipeline,
+                                manifest_sha256=result.manifest_sha256)
         registry.promote(model_name, result.version)
         production = registry.alias(model_name)
         registry.set_run_status(pipeline, run_id, "published", metrics=metrics, artifact_uri=result.uri)
