@@ -14,7 +14,10 @@ file-order index the arrow engine writes (offset of the partition + that index),
 same bytes downstream.
 
 Memory: Spark streams the text split by split; the only shuffle is the counts aggregation, which spills. Nothing
-scales with the day in the driver.
+scales with the day in the driver. A line longer than --max-line-bytes (RECFLOW_MAX_LINE_BYTES, 64 KiB; a Criteo row
+is at most ~500 bytes) is skipped by Hadoop's line reader as it reads, holding at most that many bytes of it:
+validation counted it as a bad row, and a multi-gigabyte "line" inside the bad-row budget must not become one Java
+string (an executor OOM instead of a clear error).
 """
 
 from __future__ import annotations
@@ -48,15 +51,28 @@ class DayStatsResult:
 # first, and the `$`-anchored field patterns then keep exactly the rows `\z` (end of input only) would. `\z` itself
 # has no GPU implementation ("\z is not supported on GPU"), which kept the whole validation filter on the CPU.
 LINE_TERMINATORS = "[\r\u0085\u2028\u2029]"
+# Hadoop's LineRecordReader appends at most this many bytes of a line and skips a line that reaches it (the length
+# it compares counts the line's '\n'); Spark's text source hands read options to it through the Hadoop conf.
+_LINE_MAX_OPTION = "mapreduce.input.linerecordreader.line.maxlength"
 
 
-def typed_rows(spark, path: str):
+def raw_lines(spark, path: str, max_line_bytes: int | None = None):
+    """The file's lines split on '\n' as Spark's text reader gives them, lines longer than `max_line_bytes` (None:
+    RECFLOW_MAX_LINE_BYTES) skipped while reading, never held whole."""
+    if max_line_bytes is None:
+        from tasks.core.config import load_settings
+
+        max_line_bytes = load_settings().max_line_bytes
+    return (spark.read.option("lineSep", "\n").option(_LINE_MAX_OPTION, str(max_line_bytes + 2)).text(path))
+
+
+def typed_rows(spark, path: str, max_line_bytes: int | None = None):
     """The day's rows that pass the raw-format rules, typed: label tinyint, int_* bigint, cat_* string (null =
     empty), plus `row_order`, increasing in file order (the test/validation split of a day is by file order), its
-    low 33 bits counting the good rows of its partition from 0."""
+    low 33 bits counting the good rows of its partition from 0. Lines over `max_line_bytes` are never read whole."""
     from pyspark.sql import functions as F
 
-    lines = spark.read.option("lineSep", "\n").text(path).where(~F.col("value").rlike(LINE_TERMINATORS))
+    lines = raw_lines(spark, path, max_line_bytes).where(~F.col("value").rlike(LINE_TERMINATORS))
     fields = lines.select(F.split(F.col("value"), "\t", -1).alias("f")).where(F.size("f") == len(RAW_COLUMNS))
     named = fields.select(*[F.col("f")[i].alias(name) for i, name in enumerate(RAW_COLUMNS)])
     valid = F.col(LABEL).rlike(LABEL_PATTERN)
@@ -93,6 +109,8 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     parser.add_argument("--output", required=True, type=Path, help="output directory (replaced atomically)")
     parser.add_argument("--day", required=True, type=int)
     parser.add_argument("--inputs-json", default="{}", help="what identifies this work, recorded in the manifest")
+    parser.add_argument("--max-line-bytes", type=int, default=None,
+                        help="lines longer than this are skipped unread (default: RECFLOW_MAX_LINE_BYTES, 64 KiB)")
     return parser.parse_args(argv)
 
 
@@ -102,7 +120,7 @@ def main(argv: Sequence[str]) -> DayStatsResult:
     spark = spark_session(f"recflow day_stats day={args.day}")
     with atomic_directory(args.output) as tmp:
         log.info("reading %s", args.input)
-        typed_rows(spark, args.input).write.parquet(str(tmp / COLUMNAR))
+        typed_rows(spark, args.input, args.max_line_bytes).write.parquet(str(tmp / COLUMNAR))
         columnar = spark.read.parquet(str(tmp / COLUMNAR))
         rows = columnar.count()
         log.info("columnar copy: %d rows", rows)

@@ -19,7 +19,6 @@ import numpy as np
 from tasks.core.validation import quoted_value
 from tasks.criteo.schema import CAT_PATTERN, INT_PATTERN, LABEL_PATTERN, NUM_FIELDS, RAW_COLUMNS
 
-MAX_LINE_BYTES = 64 << 10  # a real Criteo row is ~250 bytes; anything past 64 KiB is not a row
 _TAB, _NEWLINE, _CARRIAGE_RETURN = 9, 10, 13
 
 
@@ -65,9 +64,14 @@ def _display(raw: bytes, limit: int = 2000) -> str:
     return text + ("…" if len(raw) > limit else "")
 
 
-def iter_line_blocks(path: Path, block_bytes: int, max_line_bytes: int = MAX_LINE_BYTES
+def iter_line_blocks(path: Path, block_bytes: int, max_line_bytes: int | None = None
                      ) -> Iterator[tuple[int, bytes, list[BadRow]]]:
-    """Yield (first line number, block of whole lines, over-long lines skipped before it)."""
+    """Yield (first line number, block of whole lines, over-long lines skipped before it). max_line_bytes: None =
+    the deployment's RECFLOW_MAX_LINE_BYTES (the cap Spark's day_stats reader skips lines at, too)."""
+    if max_line_bytes is None:
+        from tasks.core.config import load_settings
+
+        max_line_bytes = load_settings().max_line_bytes
     line_no = 1
     carry = b""
     with open(path, "rb") as f:

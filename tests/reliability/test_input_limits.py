@@ -324,3 +324,40 @@ def test_unchanged_source_still_resumes_with_if_range(range_server, out: Path) -
     result = download(f"{base}/day_0", out / "day_0", allowed_prefixes=[base])
     assert result.resumed_from == len(kept) and (out / "day_0").read_bytes() == data
     assert sorted(p.name for p in out.iterdir()) == ["day_0", "day_0.download.json"]
+
+
+# ---- item 10: over-long lines never reach Spark's text reader whole ----------------------------------------------
+
+
+def _criteo_row(i: int) -> bytes:
+    return b"\t".join([b"1", *[str(i).encode()] * 13, *[b"%08x" % (i * 7 + c) for c in range(26)]])
+
+
+@pytest.mark.spark
+def test_spark_day_reader_skips_lines_over_the_cap_without_holding_them(spark, tmp_path: Path) -> None:
+    """Validation counts a line over RECFLOW_MAX_LINE_BYTES as a bad row; within the bad-row budget the day still
+    goes to Spark, whose line reader must skip it as it reads (a 2 GB "line" would be one Java string: an OOM)."""
+    from pyspark.sql import functions as F
+
+    from spark_jobs.criteo.day_stats import raw_lines, typed_rows
+
+    cap = 4096
+    lines = [b"a" * cap, b"b" * (cap + 1), _criteo_row(1), b"c" * 300_000, _criteo_row(2), b"d" * 2 * cap]
+    day = tmp_path / "day_0"
+    day.write_bytes(b"\n".join(lines))  # the last line has no '\n': it is skipped all the same
+    read = raw_lines(spark, str(day), cap).select(F.length("value").alias("n")).collect()
+    assert [row.n for row in read] == [cap, len(_criteo_row(1)), len(_criteo_row(2))]
+    assert typed_rows(spark, str(day), cap).count() == 2
+
+
+def test_validation_refuses_lines_over_the_line_cap_setting_as_bad_rows(tmp_path: Path, monkeypatch) -> None:
+    from tasks.criteo.raw_rows import iter_line_blocks
+
+    monkeypatch.setenv("RECFLOW_MAX_LINE_BYTES", "2000")
+    day = tmp_path / "day_0"
+    day.write_bytes(_criteo_row(1) + b"\n" + b"x" * 5000 + b"\n" + _criteo_row(2) + b"\n")
+    blocks = list(iter_line_blocks(day, 1024))
+    skipped = [bad for _, _, bads in blocks for bad in bads]
+    assert [(bad.line, bad.field) for bad in skipped] == [(2, 0)]
+    assert "5000 bytes, longer than 2000" in skipped[0].describe()
+    assert b"".join(block for _, block, _ in blocks) == _criteo_row(1) + b"\n" + _criteo_row(2) + b"\n"
