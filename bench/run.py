@@ -1,7 +1,8 @@
 """Run the benchmark: `.venv/bin/python -m bench.run [--quick|--full] [--only NAME ...]` from the repository root.
 
 Figures: ingest, endtoend (raw logs to split-binary through the CLI), preprocessing, loader, training, orchestration,
-scaling, cluster (fixed cost per Spark job on a standalone cluster) (see docs/PERFORMANCE.md for what each
+scaling, cluster (fixed cost per Spark job on a standalone cluster), byo (BYO transcode against NVIDIA's
+transcode.py from the checkout named by $NVIDIA_DLRM; bench/byo.py) (see docs/PERFORMANCE.md for what each
 measures). quick (default): 50k-row days, windows of 1/2 days, 3 repeats of every cheap measurement and one
 ingest pass / one preprocessing run per window (each Spark run costs tens of seconds of fixed start-up on 2 cores);
 full: 500k-row days, windows of 1/2/4/8 days, 3 repeats of everything. Writes bench/results/<UTC timestamp>.json and
@@ -14,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import re
 import shlex
 import shutil
@@ -26,13 +28,13 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, TypeVar
 
-from bench import cluster, endtoend, ingest, loader, orchestration, preprocessing, report, scaling, training
+from bench import byo, cluster, endtoend, ingest, loader, orchestration, preprocessing, report, scaling, training
 from bench.common import (CACHE_DIR, MODES, REPO, RESULTS_DIR, Figure, LoadMonitor, Mode, OtherWork, Stage,
                           cpu_seconds, load_average, log, machine_info)
 from bench.proc import RSS_METHOD
 from tasks.core.storage import write_text_atomic
 
-NAMES = ("ingest", "endtoend", "preprocessing", "loader", "training", "orchestration", "scaling", "cluster")
+NAMES = ("ingest", "endtoend", "preprocessing", "loader", "training", "orchestration", "scaling", "cluster", "byo")
 NEEDS_INGEST = {"ingest", "orchestration", "scaling", "preprocessing"}
 NEEDS_PREPROCESSING = {"preprocessing", "scaling"}
 # Each cluster repeat is 3 spark-submits per side (~20 s each on 2 cores). quick measures the fixed cost against
@@ -119,6 +121,10 @@ class Runner:
         if "cluster" in self.selected:
             self.raw["cluster"] = self.stage("spark cluster", lambda: cluster.measure(CLUSTER_REPEATS[mode.name],
                                                                                   CLUSTER_SIDES[mode.name]))
+        if "byo" in self.selected:
+            self.raw["byo"] = self.stage("byo transcode", lambda: byo.measure(
+                byo.BENCH_ROWS, mode.repeats, byo.nvidia_checkout(os.environ.get("NVIDIA_DLRM")), work / "byo"))
+            self.figures += byo.figures(self.raw["byo"])
         if "ingest" in self.selected:
             self.figures += ingest.figures(ingest_data)
         if "endtoend" in self.selected:

@@ -71,10 +71,11 @@ def _plant_numericals(folder: Path, spec, mapping: str, seed: int) -> np.ndarray
 
 
 def _many_files_spec(folder: Path) -> Path:
-    """different_feature_names' shape: one chunk per categorical, odd names (dots, digits first), CSV chunks."""
+    """different_feature_names' shape: one chunk per categorical, odd names (dots, digits first), CSV chunks, every
+    cardinality declared (the other specs have `auto` ones: the arrow engine spills those)."""
     numerical = ["gadsfgsdfg", "5yrthf", "45ryhtf.x", "u5j6yrhtfd"]
     categorical = ["65ytfg.bin", "dgtwrg.bin", "hmfgd.bin", "6tyjgh.bin", "67yu.bin", "l6rtd.bin"]
-    cards = [100000, "auto", 7, 128, "auto", 32768]
+    cards = [100000, 1000, 7, 128, 5000, 32768]  # all declared: the arrow engine's one-pass path
     spec = {"channel_spec": {"categorical": categorical, "numerical": numerical, "label": ["qwer"]},
             "feature_spec": {**{n: {} for n in numerical}, "qwer": {},
                              **{c: {"cardinality": k} for c, k in zip(categorical, cards)}},
@@ -274,6 +275,20 @@ def test_files_of_different_lengths_fail_naming_the_counts(tmp_path):
                                          r"'test/label.csv': 697"):
         transcode_arrow.main(["--spec", str(spec_path), "--output", str(tmp_path / "out")])
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("kind", ["many_files", "small_csv"])  # one pass, spilled
+def test_an_under_declared_cardinality_fails_naming_the_feature_and_writes_nothing(kind, tmp_path):
+    from tasks.formats.feature_spec import FeatureSpecError
+
+    spec_path = _source(kind, tmp_path / "source")
+    spec = yaml.safe_load(spec_path.read_text())
+    name = spec["channel_spec"]["categorical"][3]
+    spec["feature_spec"][name]["cardinality"] = 2
+    spec_path.write_text(yaml.dump(spec))
+    with pytest.raises(FeatureSpecError, match=rf"feature_spec\.{name}: declared cardinality 2 does not cover"):
+        transcode_arrow.main(["--spec", str(spec_path), "--output", str(tmp_path / "out")])
+    assert not (tmp_path / "out").exists() and [p.name for p in tmp_path.iterdir()] == ["source"]
 
 
 @pytest.mark.parametrize("engine, master, profile, env, chosen", [

@@ -54,7 +54,7 @@ def _rows(spec: FeatureSpec, signal: PlantedSignal, n: int, rng: np.random.Gener
         # Zipf-like ids: a few frequent ids per feature, so embeddings see enough of each to learn their effect.
         values[name] = np.minimum(rng.zipf(1.3, size=n) - 1, card - 1).astype(np.int64)
     for name in spec.channel_spec[NUMERICAL_CHANNEL]:
-        values[name] = rng.uniform(-1.0, 1.0, size=n).astype(np.float32)
+        values[name] = rng.uniform(-1.0, 1.0, size=n)
     logit = np.full(n, signal.bias)
     for name, effect in signal.effects.items():
         logit += effect[values[name]]
@@ -64,15 +64,17 @@ def _rows(spec: FeatureSpec, signal: PlantedSignal, n: int, rng: np.random.Gener
     return values
 
 
-def _format(values: np.ndarray) -> np.ndarray:
+def _format(values: np.ndarray, float_format: str) -> np.ndarray:
     if values.dtype.kind == "f":
-        return np.char.mod("%.5g", values)
+        return np.char.mod(float_format, values)
     return values.astype(str)
 
 
-def write_csvs(spec: FeatureSpec, out_dir: Path, rows: dict[str, int], seed: int = 0) -> dict[str, int]:
+def write_csvs(spec: FeatureSpec, out_dir: Path, rows: dict[str, int], seed: int = 0,
+               float_format: str = "%.5g") -> dict[str, int]:
     """Write every chunk file of the spec under out_dir (the spec's relative paths), `rows[mapping]` rows each;
-    each file appears whole or not at all. Returns rows per mapping."""
+    each file appears whole or not at all. float_format: how numericals are written ("%.17g": every bit of the
+    float64, as NVIDIA's gen_csv writes them through pandas). Returns rows per mapping."""
     out_dir = Path(out_dir)
     signal = planted_signal(spec, seed)
     rng = np.random.default_rng(seed + 1)
@@ -84,7 +86,7 @@ def write_csvs(spec: FeatureSpec, out_dir: Path, rows: dict[str, int], seed: int
             for start in range(0, rows[mapping], BLOCK_ROWS):
                 values = _rows(spec, signal, min(BLOCK_ROWS, rows[mapping] - start), rng)
                 for chunk in chunks:
-                    columns = [_format(values[name]) for name in chunk.features]
+                    columns = [_format(values[name], float_format) for name in chunk.features]
                     text = "\n".join(",".join(parts) for parts in zip(*columns)) + "\n"
                     files[chunk.file].write(text)
     return dict(rows)

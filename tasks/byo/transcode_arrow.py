@@ -27,9 +27,11 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import shutil
 import time
 from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -39,7 +41,8 @@ import pyarrow.csv as pacsv
 
 from spark_jobs.byo.transcode import TranscodeResult, check_bad_rows, parse_args
 from tasks.byo.spec import (CATEGORICAL_CHANNEL, FLOAT16_MAX, LABEL_CHANNEL, MAPPINGS, NUMERICAL_CHANNEL,
-                            CsvChunk, csv_chunks, load_csv_spec, renamed_features, resolve_cardinalities)
+                            CsvChunk, csv_chunks, declared_cardinalities, load_csv_spec, renamed_features,
+                            resolve_cardinalities)
 from tasks.byo.validation import MAX_LINE_BYTES, _column_bad, _parse_block, open_csv
 from tasks.core.progress import ProgressLog
 from tasks.core.storage import Manifest, atomic_directory, write_manifest
@@ -49,25 +52,28 @@ log = logging.getLogger(__name__)
 
 STEP_ROWS = 1 << 17          # lines taken from every file of a mapping per step
 READ_BYTES = 4 << 20         # one read from a file's (decompressed) stream
-WRITE_ROWS = 1 << 18         # rows per batch handed to the split-binary writer
+WRITE_ROWS = 1 << 18
+PARSE_BLOCK_BYTES = 1 << 20  # pyarrow's CSV block: its unit of parallel parsing         # rows per batch handed to the split-binary writer
 SPILL = "_spill"
 MAX_ID_DIGITS = 18           # CATEGORICAL_PATTERN's [0-9]{1,18}
 _NEWLINE, _COMMA = ord("\n"), ord(",")
 _ID_BYTES = b"0123456789,\n"
 _NUMBER_BYTES = b"0123456789,\n.-+eE"
-_EXPONENT = (ord("e"), ord("E"))
-_SIGN = (ord("+"), ord("-"))
+_DIGIT_0, _SIGNS, _LOWER = ord("0"), (ord("+"), ord("-")), 0x20
 _OVERLONG = b"\x00"          # an over-long line is replaced by this one byte, which breaks every row rule
 
 
 class LineReader:
     """Whole lines of one file, `take(n)` at a time; a line longer than max_line_bytes is skipped while reading
-    (memory stays bounded) and stands as one bad line, as the validation counts it."""
+    (memory stays bounded) and stands as one bad line (one NUL byte, which breaks every row rule)."""
 
     def __init__(self, path: Path, max_line_bytes: int = MAX_LINE_BYTES) -> None:
         self.path, self.max_line_bytes = path, max_line_bytes
         self.stream = open_csv(path)
-        self.buffer, self.ends, self.eof, self.skipping = b"", np.zeros(0, np.int64), False, False
+        self.parts: list[bytes] = []   # whole lines read and not taken yet, in order
+        self.counts: list[int] = []    # lines in each part
+        self.tail = b""                # the start of a line whose end is not read yet
+        self.eof, self.skipping = False, False
 
     def close(self) -> None:
         self.stream.close()
@@ -76,35 +82,48 @@ class LineReader:
         data = self.stream.read(READ_BYTES)
         if not data:
             self.eof = True
-            if self.buffer and (not len(self.ends) or self.ends[-1] != len(self.buffer) - 1):
-                self.buffer += b"\n"  # the last line without a newline
-                self.ends = np.append(self.ends, len(self.buffer) - 1)
+            if self.tail:  # the last line without a newline
+                self._add(self.tail + b"\n", 1)
+                self.tail = b""
             return
         if self.skipping:  # inside an over-long line: drop bytes up to its end
             cut = data.find(b"\n")
             if cut < 0:
                 return
             data, self.skipping = data[cut + 1:], False
-        offset = len(self.buffer)
-        self.buffer += data
-        found = np.flatnonzero(np.frombuffer(data, np.uint8) == _NEWLINE) + offset
-        self.ends = np.concatenate((self.ends, found))
-        tail = len(self.buffer) - (int(self.ends[-1]) + 1 if len(self.ends) else 0)
-        if tail > self.max_line_bytes:
-            self.buffer = self.buffer[:len(self.buffer) - tail] + _OVERLONG + b"\n"
-            self.ends = np.append(self.ends, len(self.buffer) - 1)
-            self.skipping = True
+        cut = data.rfind(b"\n")
+        if cut < 0:
+            self.tail += data
+        else:
+            if self.tail:  # the line it started ends in this read: kept as a part of no newline before it
+                self._add(self.tail, 0)
+            self._add(memoryview(data)[:cut + 1], data.count(b"\n", 0, cut + 1))  # views: joined once, in take
+            self.tail = data[cut + 1:]
+        if len(self.tail) > self.max_line_bytes:
+            self._add(_OVERLONG + b"\n", 1)
+            self.tail, self.skipping = b"", True
+
+    def _add(self, lines, count: int) -> None:
+        self.parts.append(lines)
+        self.counts.append(count)
 
     def take(self, n: int) -> tuple[bytes, int]:
         """(the next n lines, or fewer at the end of the file, each ending in a newline; how many)."""
-        while len(self.ends) < n and not self.eof:
+        while sum(self.counts) < n and not self.eof:
             self._fill()
-        count = min(n, len(self.ends))
-        if count == 0:
-            return b"", 0
-        cut = int(self.ends[count - 1]) + 1
-        block, self.buffer, self.ends = self.buffer[:cut], self.buffer[cut:], self.ends[count:] - cut
-        return block, count
+        taken, count = [], 0
+        while self.parts and count < n:
+            part, lines = self.parts.pop(0), self.counts.pop(0)
+            if count + lines > n:  # split the part after its (n - count)-th line
+                want = n - count
+                arr = np.frombuffer(part, np.uint8)
+                cut = int(np.flatnonzero(arr == _NEWLINE)[want - 1]) + 1
+                self.parts.insert(0, part[cut:])
+                self.counts.insert(0, lines - want)
+                part, lines = part[:cut], want
+            taken.append(part)
+            count += lines
+        return b"".join(taken), count
 
 
 @dataclass
@@ -121,16 +140,20 @@ def _fast_parse(chunk: CsvChunk, block: bytes, count: int) -> ParsedLines | None
     if block.translate(None, _NUMBER_BYTES if numbers_only else _ID_BYTES):
         return None
     arr = np.frombuffer(block, np.uint8)
-    separators = np.flatnonzero((arr == _COMMA) | (arr == _NEWLINE))
-    if not numbers_only and np.diff(separators, prepend=-1).max() - 1 > MAX_ID_DIGITS:
-        return None
-    if numbers_only and not _short_exponents(arr, separators):
+    if chunk.channels == (LABEL_CHANNEL,) and len(block) == 2 * count:  # the label alone: one digit a line
+        digits = arr[0::2] - _DIGIT_0
+        return ParsedLines(digits <= 1, {chunk.features[0]: digits.astype(np.float64)})
+    if not numbers_only and np.diff(np.flatnonzero(arr < _DIGIT_0), prepend=-1).max() > MAX_ID_DIGITS + 1:
+        return None  # a field of more than 18 digits (only digits and separators are left: separators < '0')
+    if numbers_only and (b"e" in block or b"E" in block) and _long_exponent(arr):
         return None
     types = {CATEGORICAL_CHANNEL: pa.int64(), NUMERICAL_CHANNEL: pa.float64(), LABEL_CHANNEL: pa.string()}
     try:
         table = pacsv.read_csv(
             pa.py_buffer(block),
-            read_options=pacsv.ReadOptions(column_names=list(chunk.features), block_size=max(1 << 20, len(block))),
+            # 1 MB blocks parsed by pyarrow's threads; a small block in this thread (thread start-up costs more)
+            read_options=pacsv.ReadOptions(column_names=list(chunk.features), block_size=PARSE_BLOCK_BYTES,
+                                           use_threads=len(block) > 4 * PARSE_BLOCK_BYTES),
             parse_options=pacsv.ParseOptions(quote_char=False, escape_char=False, ignore_empty_lines=False),
             convert_options=pacsv.ConvertOptions(
                 column_types={f: types[c] for f, c in zip(chunk.features, chunk.channels)},
@@ -157,14 +180,14 @@ def _fast_parse(chunk: CsvChunk, block: bytes, count: int) -> ParsedLines | None
     return ParsedLines(ok, values)
 
 
-def _short_exponents(arr: np.ndarray, separators: np.ndarray) -> bool:
-    """Every exponent has 1 to 3 digits (NUMERICAL_PATTERN; a float parser takes any number of them)."""
-    marks = np.flatnonzero((arr == _EXPONENT[0]) | (arr == _EXPONENT[1]))
-    if not len(marks):
-        return True
-    ends = separators[np.searchsorted(separators, marks)]
-    signed = np.isin(arr[np.minimum(marks + 1, len(arr) - 1)], _SIGN)
-    return bool((ends - marks - 1 - signed <= 3).all())
+def _long_exponent(arr: np.ndarray) -> bool:
+    """Some exponent has 4 digits or more (NUMERICAL_PATTERN allows 1 to 3; a float parser takes any number)."""
+    marks = np.flatnonzero((arr | _LOWER) == ord("e"))
+    # clipped reads past the end land on the block's final newline, which is no digit
+    start = marks + 1 + np.isin(arr.take(marks + 1, mode="clip"), _SIGNS)
+    digits = [(arr.take(start + k, mode="clip") >= _DIGIT_0) & (arr.take(start + k, mode="clip") <= ord("9"))
+              for k in range(4)]
+    return bool(np.logical_and.reduce(digits).any())
 
 
 def _numpy(column) -> np.ndarray:
@@ -212,18 +235,19 @@ def parse_lines(chunk: CsvChunk, block: bytes, count: int) -> ParsedLines:
 
 
 @dataclass
-class MappingSpill:
-    """One mapping's good rows in spill files (label int8, numerical float16, ids int32) and what pass 1 found."""
+class MappingCounts:
+    """What reading one mapping found: lines, good rows written, bad rows dropped."""
 
-    directory: Path
     lines: int = 0
     rows: int = 0
     bad: int = 0
 
 
-def _spill_mapping(spec, source_dir: Path, mapping: str, spill: MappingSpill, max_ids: dict[str, int],
-                   progress: ProgressLog) -> None:
-    """Pass 1 over one mapping: files side by side, bad rows dropped, good rows appended to the spill files."""
+def good_rows(spec, source_dir: Path, mapping: str, counts: MappingCounts, max_ids: dict[str, int],
+              pool: ThreadPoolExecutor) -> Iterator[tuple[np.ndarray, np.ndarray, list[np.ndarray]]]:
+    """One mapping's good rows in file order, a step at a time: (label int8, numericals float32 rows, ids int64
+    per categorical). The files are read side by side and parsed in `pool`'s threads (pyarrow and most of numpy
+    release the GIL); a row bad in any file is dropped; max_ids tracks the largest id of every categorical."""
     chunks = csv_chunks(spec, mapping)
     for chunk in chunks:
         if not (source_dir / chunk.file).is_file():
@@ -232,39 +256,31 @@ def _spill_mapping(spec, source_dir: Path, mapping: str, spill: MappingSpill, ma
     numerical = spec.channel_spec[NUMERICAL_CHANNEL]
     categorical = spec.channel_spec[CATEGORICAL_CHANNEL]
     label = spec.channel_spec[LABEL_CHANNEL][0]
-    spill.directory.mkdir(parents=True)
+    progress = ProgressLog(f"{mapping}: reading CSV lines", every_s=30.0, logger=log)
     readers = [LineReader(source_dir / chunk.file) for chunk in chunks]
-    names = ("label", "numerical", *(str(index) for index in range(len(categorical))))
-    files = {name: open(spill.directory / name, "wb") for name in names}
     try:
         while True:
-            taken = [reader.take(STEP_ROWS) for reader in readers]
-            counts = {chunk.file: count for chunk, (_, count) in zip(chunks, taken)}
-            if len(set(counts.values())) != 1:
-                _line_count_mismatch(mapping, chunks, readers, counts, spill.lines)
+            taken = list(pool.map(lambda reader: reader.take(STEP_ROWS), readers))
+            found = {chunk.file: count for chunk, (_, count) in zip(chunks, taken)}
+            if len(set(found.values())) != 1:
+                _line_count_mismatch(mapping, chunks, readers, found, counts.lines)
             count = taken[0][1]
             if count == 0:
-                break
-            parsed = [parse_lines(chunk, block, count) for chunk, (block, _) in zip(chunks, taken)]
-            ok = np.logical_and.reduce([p.ok for p in parsed])
+                return
+            parsed = list(pool.map(lambda job: parse_lines(job[0], job[1][0], count), zip(chunks, taken)))
+            good = np.flatnonzero(np.logical_and.reduce([p.ok for p in parsed]))
             values = {name: column for p in parsed for name, column in p.values.items()}
-            good = np.flatnonzero(ok)
-            files["label"].write(values[label][good].astype(np.int8).tobytes())
-            number_rows = np.column_stack([values[name][good] for name in numerical]).astype(np.float32)
-            files["numerical"].write(number_rows.astype(np.float16).tobytes())
-            for index, name in enumerate(categorical):
-                ids = values[name][good].astype(np.int64)
-                if len(ids):
-                    max_ids[name] = max(max_ids[name], int(ids.max()))
-                # An id beyond int32 fails the cardinality checks before pass 2 reads these back.
-                files[str(index)].write(ids.astype(np.int32).tobytes())
-            spill.lines += count
-            spill.rows += len(good)
-            spill.bad += count - len(good)
-            progress.report(spill.lines)
+            ids = [values[name][good].astype(np.int64) for name in categorical]
+            for name, column in zip(categorical, ids):
+                if len(column):
+                    max_ids[name] = max(max_ids[name], int(column.max()))
+            counts.lines += count
+            counts.rows += len(good)
+            counts.bad += count - len(good)
+            progress.report(counts.lines)
+            yield (values[label][good].astype(np.int8),
+                   np.column_stack([values[name][good] for name in numerical]).astype(np.float32), ids)
     finally:
-        for f in files.values():
-            f.close()
         for reader in readers:
             reader.close()
 
@@ -282,13 +298,44 @@ def _line_count_mismatch(mapping: str, chunks: list[CsvChunk], readers: list[Lin
                      "file is row k")
 
 
-def _spilled_batches(spill: MappingSpill, n_numerical: int, n_categorical: int) -> Iterator[tuple]:
+def declared_batches(batches: Iterator[tuple], spec) -> Iterator[tuple]:
+    """Good-row batches checked against the declared cardinalities as they stream (every cardinality declared:
+    the dtypes are known before the first row, so nothing needs spilling)."""
+    declared = declared_cardinalities(spec)
+    for label, numerical, ids in batches:
+        for name, column in zip(declared, ids):
+            if len(column) and int(column.max()) >= declared[name]:
+                resolve_cardinalities(spec, {name: int(column.max()) + 1})  # raises NVIDIA's rule's error line
+        yield label, numerical, ids
+
+
+def spill(batches: Iterator[tuple], directory: Path) -> int:
+    """Pass 1 with an `auto` cardinality: good rows to spill files (label int8, numericals already float16, ids
+    int32: an id beyond int32 fails the cardinality checks before pass 2 reads them back); returns rows."""
+    directory.mkdir(parents=True)
+    rows, files = 0, {}
+    try:
+        for label, numerical, ids in batches:
+            parts = {"label": label, "numerical": numerical.astype(np.float16)}
+            parts |= {str(index): column.astype(np.int32) for index, column in enumerate(ids)}
+            for name, array in parts.items():
+                if name not in files:
+                    files[name] = open(directory / name, "wb")
+                files[name].write(array.tobytes())
+            rows += len(label)
+    finally:
+        for f in files.values():
+            f.close()
+    return rows
+
+
+def spilled_batches(directory: Path, rows: int, n_numerical: int, n_categorical: int) -> Iterator[tuple]:
     """Pass 2: the spill in WRITE_ROWS batches, as (label, numerical float16 rows, [ids])."""
-    with open(spill.directory / "label", "rb") as label_f, open(spill.directory / "numerical", "rb") as num_f:
-        id_files = [open(spill.directory / str(i), "rb") for i in range(n_categorical)]
+    with open(directory / "label", "rb") as label_f, open(directory / "numerical", "rb") as num_f:
+        id_files = [open(directory / str(i), "rb") for i in range(n_categorical)]
         try:
-            for start in range(0, spill.rows, WRITE_ROWS):
-                n = min(WRITE_ROWS, spill.rows - start)
+            for start in range(0, rows, WRITE_ROWS):
+                n = min(WRITE_ROWS, rows - start)
                 label = np.fromfile(label_f, np.int8, n)
                 numerical = np.fromfile(num_f, np.float16, n * n_numerical).reshape(n, n_numerical)
                 yield label, numerical, [np.fromfile(f, np.int32, n) for f in id_files]
@@ -308,29 +355,36 @@ def main(argv: Sequence[str]) -> TranscodeResult:
     categorical = spec.channel_spec[CATEGORICAL_CHANNEL]
     n_numerical = len(spec.channel_spec[NUMERICAL_CHANNEL])
     max_ids = {name: -1 for name in categorical}
-    with atomic_directory(args.output) as tmp:
-        spills = {m: MappingSpill(tmp / SPILL / m) for m in MAPPINGS}
-        for mapping in MAPPINGS:
-            progress = ProgressLog(f"{mapping}: reading CSV lines", every_s=30.0, logger=log)
-            _spill_mapping(spec, source_dir, mapping, spills[mapping], max_ids, progress)
-            if spills[mapping].rows == 0:
-                raise ValueError(f"source_spec.{mapping}: no good row in {spills[mapping].lines} lines")
-        lines = {m: s.lines for m, s in spills.items()}
-        dropped = {m: s.bad for m, s in spills.items()}
+    counts = {m: MappingCounts() for m in MAPPINGS}
+    one_pass = None not in declared_cardinalities(spec).values()
+    with atomic_directory(args.output) as tmp, ThreadPoolExecutor(os.cpu_count() or 1) as pool:
+        streams = {m: good_rows(spec, source_dir, m, counts[m], max_ids, pool) for m in MAPPINGS}
+        if one_pass:  # every cardinality declared: straight into the writer, checked as the ids stream
+            cardinalities = resolve_cardinalities(spec, {})
+            write_dataset(tmp, {m: declared_batches(stream, spec) for m, stream in streams.items()},
+                          cardinalities, n_numerical)
+        else:
+            spilled = {m: spill(stream, tmp / SPILL / m) for m, stream in streams.items()}
+        for mapping, found in counts.items():
+            if found.rows == 0:
+                raise ValueError(f"source_spec.{mapping}: no good row in {found.lines} lines")
+        lines = {m: c.lines for m, c in counts.items()}
+        dropped = {m: c.bad for m, c in counts.items()}
         log.info("lines %s, bad rows dropped %s", lines, dropped)
         check_bad_rows(args.expected_bad_rows, dropped)
-        cardinalities = resolve_cardinalities(spec, {name: found + 1 for name, found in max_ids.items()})
+        if not one_pass:
+            cardinalities = resolve_cardinalities(spec, {name: found + 1 for name, found in max_ids.items()})
+            write_dataset(tmp, {m: spilled_batches(tmp / SPILL / m, rows, n_numerical, len(categorical))
+                                for m, rows in spilled.items()}, cardinalities, n_numerical)
+            shutil.rmtree(tmp / SPILL)
         log.info("cardinalities: %s", dict(zip(categorical, cardinalities)))
-        write_dataset(tmp, {m: _spilled_batches(s, n_numerical, len(categorical)) for m, s in spills.items()},
-                      cardinalities, n_numerical)
-        shutil.rmtree(tmp / SPILL)
-        rows = {m: s.rows for m, s in spills.items()}
+        rows = {m: c.rows for m, c in counts.items()}
         write_manifest(tmp, Manifest(kind="byo_transcode", inputs=json.loads(args.inputs_json), rows=rows,
                                      extra={"cardinalities": cardinalities, "dropped": dropped, "lines": lines,
                                             "features": renamed_features(spec), "engine": "arrow"}))
     seconds = time.monotonic() - started
-    log.info("dataset %s: %s rows in %.2f s (%.0f CSV rows/s, arrow engine)", args.output, rows, seconds,
-             sum(lines.values()) / max(seconds, 1e-9))
+    log.info("dataset %s: %s rows in %.2f s (%.0f CSV rows/s, arrow engine, %s)", args.output, rows, seconds,
+             sum(lines.values()) / max(seconds, 1e-9), "one pass" if one_pass else "spilled for auto cardinalities")
     return TranscodeResult(str(args.output), rows, dropped, cardinalities, seconds, renamed_features(spec))
 
 
