@@ -310,3 +310,41 @@ def test_validate_day_without_raw_file(tmp_path: Path) -> None:
 
     with pytest.raises(StepInputMissing, match="run download first"):
         validate_day(Settings(data_root=tmp_path), 0)
+
+
+# ---- the numpy field checks agree with the schema's regexes ----------------------------------------------------------
+
+HOSTILE_VALUES = [
+    b"", b"0", b"1", b"2", b"01", b"10", b"-", b"-0", b"--1", b"1-", b"0-1", b"+1", b" 1", b"1 ", b"1.5", b"1e3",
+    b"9" * 18, b"9" * 19, b"-" + b"9" * 18, b"-" + b"9" * 19, b"00000000", b"0000000", b"000000000", b"deadbeef",
+    b"DEADBEEF", b"deadbeeg", b"dead beef", b"68fd1e6\x00", b"\xff" * 8, b"\xc3\xa9" * 4, b"caf\xc3\xa9000",
+    b"abcdef01", b"abcdef0", b"-abcdef0", b"12345678", b"-1234567", b"\\N", b"null", b"a", b"f" * 8, b"g" * 8,
+]
+
+
+@pytest.mark.parametrize("pattern_name", ["LABEL_PATTERN", "INT_PATTERN", "CAT_PATTERN"])
+def test_numpy_field_checks_give_the_regexes_verdicts(pattern_name: str) -> None:
+    """tasks.criteo.raw_fields replaces pyarrow's RE2 match of the schema's rules: the same verdict on every value,
+    hostile ones included, in columns that are all good (the fast path) and mixed (the per-value path)."""
+    import random
+
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    from tasks.criteo import schema
+    from tasks.criteo.raw_fields import failing_values
+
+    pattern = getattr(schema, pattern_name)
+    empty_ok = pattern != schema.LABEL_PATTERN
+    rng = random.Random(7)
+    values = HOSTILE_VALUES + [bytes(rng.choice(b"0123456789abcdef-gAZ \xff") for _ in range(rng.randint(0, 20)))
+                               for _ in range(3000)]
+    good_only = [v for v in values if re.fullmatch(pattern.strip("^$").encode(), v) or (empty_ok and not v)]
+    for sample in (values, good_only, values[::-1][1:]):
+        column = pa.chunked_array([pa.array(sample[:50], pa.binary()), pa.array(sample[50:], pa.binary())])
+        expected = pc.match_substring_regex(column, pattern)
+        if empty_ok:
+            expected = pc.or_(expected, pc.equal(pc.binary_length(column), 0))
+        assert np.array_equal(failing_values(column, pattern), ~expected.to_numpy(zero_copy_only=False))
+    assert len(good_only) > 10

@@ -9,8 +9,11 @@ GX suite. Nothing here knows a column name.
 
 from __future__ import annotations
 
+import importlib
 import json
 import logging
+import sys
+import threading
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, is_dataclass
@@ -311,6 +314,22 @@ class DistinctPairs:
 
 
 # ---- Great Expectations on an evidence frame ----------------------------------------------------------------------
+
+
+_gx_import_started = False
+
+
+def import_gx_in_background() -> None:
+    """Start importing Great Expectations in a daemon thread, once per process. The import costs ~3 s of CPU, nearly
+    all Python; started when a validation starts, it overlaps the row checks (numpy / pyarrow, which release the
+    GIL) instead of adding to them. run_gx_suites' own import then waits for it (Python's per-module import lock)."""
+    global _gx_import_started
+    if _gx_import_started or "great_expectations" in sys.modules:
+        return
+    _gx_import_started = True
+    logging.getLogger("great_expectations").setLevel(logging.WARNING)  # its import logs hundreds of INFO lines
+    threading.Thread(target=importlib.import_module, args=("great_expectations",), name="gx-import",
+                     daemon=True).start()
 
 
 def run_gx_suites(frames: dict[str, tuple[Callable[[], Any], Any]], source_name: str) -> dict[str, dict[str, Any]]:

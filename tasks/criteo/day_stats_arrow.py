@@ -34,6 +34,7 @@ import pyarrow.parquet as pq
 from spark_jobs.criteo.day_stats import COLUMNAR, COUNTS, ROW_ORDER
 from tasks.core.progress import ProgressLog
 from tasks.core.storage import Manifest, atomic_directory, write_manifest
+from tasks.criteo.raw_fields import binary_parts
 from tasks.criteo.raw_rows import check_block, iter_line_blocks
 from tasks.criteo.schema import CAT_COLUMNS, INT_COLUMNS, LABEL
 
@@ -73,15 +74,6 @@ class StatsTarget:
 # ---- one block of good rows -> typed columns and categorical keys --------------------------------------------------
 
 
-def _binary_parts(column: pa.ChunkedArray | pa.Array) -> tuple[np.ndarray, np.ndarray]:
-    """(offsets rebased to 0, value bytes) of a binary column, without copying the bytes."""
-    array = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
-    _, offsets_buffer, data_buffer = array.buffers()
-    offsets = np.frombuffer(offsets_buffer, dtype=np.int32)[array.offset: array.offset + len(array) + 1]
-    data = np.frombuffer(data_buffer, dtype=np.uint8) if data_buffer is not None else np.empty(0, np.uint8)
-    return offsets - offsets[0], data[offsets[0]: offsets[-1]]
-
-
 def _nullable_strings(offsets: np.ndarray, data: np.ndarray) -> tuple[pa.Array, np.ndarray]:
     """The values as a string array with empty -> null (Spark's empty_to_null), and the mask of present values."""
     present = offsets[1:] != offsets[:-1]
@@ -111,16 +103,16 @@ def typed_block(good: pa.Table, first_row: int) -> tuple[pa.Table, np.ndarray]:
     """The good rows (40 binary columns, as check_block keeps them) typed as the Spark job types them, numbered from
     `first_row`; and the (column, value) keys of their categoricals."""
     arrays: list[pa.Array] = []
-    offsets, data = _binary_parts(good.column(LABEL))
+    offsets, data = binary_parts(good.column(LABEL))
     if len(data) != good.num_rows:
         raise ValueError("label values must be one character each; the rows were not validated")
     arrays.append(pa.array((data - ord("0")).astype(np.int8)))
     for name in INT_COLUMNS:
-        strings, _ = _nullable_strings(*_binary_parts(good.column(name)))
+        strings, _ = _nullable_strings(*binary_parts(good.column(name)))
         arrays.append(pc.cast(strings, pa.int64()))
     keys = []
     for index, name in enumerate(CAT_COLUMNS):
-        offsets, data = _binary_parts(good.column(name))
+        offsets, data = binary_parts(good.column(name))
         strings, present = _nullable_strings(offsets, data)
         if len(data) != 8 * int(np.count_nonzero(present)) or np.any(np.diff(offsets)[present] != 8):
             raise ValueError(f"{name} holds values that are not 8 characters; the rows were not validated")

@@ -117,16 +117,21 @@ def _skip_long_line(f, head: bytes, line_no: int, max_line_bytes: int) -> tuple[
 def check_block(block: bytes, first_line: int, keep_good: bool = False) -> BlockResult:
     """Check every line of a block of whole lines; return bad rows (and the good rows as a table if asked)."""
     import pyarrow as pa
-    import pyarrow.compute as pc
     import pyarrow.csv as pacsv
+
+    from tasks.criteo.raw_fields import first_failing_field
 
     arr = np.frombuffer(block, dtype=np.uint8)
     ends = np.flatnonzero(arr == _NEWLINE)
     if len(arr) and (len(ends) == 0 or ends[-1] != len(arr) - 1):
         ends = np.append(ends, len(arr))  # last line without a trailing newline
     starts = np.concatenate(([0], ends[:-1] + 1)).astype(np.int64)
-    tabs = np.flatnonzero(arr == _TAB)
-    fields = np.searchsorted(tabs, ends) - np.searchsorted(tabs, starts) + 1
+    is_tab = arr == _TAB
+    # Tabs per line by one segmented sum (each line's segment runs to the next line's start); a block holds ~39
+    # tabs a row, whose positions are found only for the rare rows with a carriage return.
+    # (Summed as uint8 into int32: ~20x faster than summing the booleans into int64.)
+    fields = (np.add.reduceat(is_tab.view(np.uint8), starts, dtype=np.int32).astype(np.int64) + 1 if len(starts)
+              else np.zeros(0, np.int64))
     wrong_count = np.flatnonzero(fields != NUM_FIELDS)
     bad: list[BadRow] = [
         BadRow(first_line + int(i), 0, 1, f"has {int(fields[i]) if ends[i] > starts[i] else 0} fields, expected "
@@ -135,10 +140,12 @@ def check_block(block: bytes, first_line: int, keep_good: bool = False) -> Block
     ]
     # pyarrow's CSV reader ends a row at '\r' too; Spark (lineSep '\n') keeps it in the field. Rows holding one
     # are bad here, before pyarrow sees them, so both engines agree.
-    carriage = _carriage_return_rows(arr, starts, ends, tabs, fields, first_line, block)
+    carriage = _carriage_return_rows(arr, starts, ends, is_tab, fields, first_line, block)
     bad += carriage
     dropped = np.union1d(wrong_count, [b.line - first_line for b in carriage]).astype(np.int64)
-    good_lines = np.setdiff1d(np.arange(len(ends)), dropped)
+    kept = np.ones(len(ends), dtype=bool)
+    kept[dropped] = False
+    good_lines = np.flatnonzero(kept)
     if len(dropped):
         block = _drop_lines(arr, starts, ends, dropped)
     if len(good_lines) == 0:
@@ -152,16 +159,9 @@ def check_block(block: bytes, first_line: int, keep_good: bool = False) -> Block
                                          ignore_empty_lines=False),
         convert_options=pacsv.ConvertOptions(column_types={c: pa.binary() for c in RAW_COLUMNS}),
     )
-    first_bad_field = np.zeros(table.num_rows, dtype=np.int64)  # 0 = row is good
-    for index, (name, pattern, empty_ok) in reversed(list(enumerate(_field_rules()))):
-        column = table.column(name)
-        ok = pc.match_substring_regex(column, pattern)
-        if empty_ok:
-            ok = pc.or_(ok, pc.equal(pc.binary_length(column), 0))
-        failed = np.flatnonzero(~ok.to_numpy(zero_copy_only=False))
-        first_bad_field[failed] = index + 1  # reversed order: the lowest failing field wins
-    bad_idx = np.flatnonzero(first_bad_field)
     rules = _field_rules()
+    first_bad_field = first_failing_field(table, rules)  # 0 = row is good; the rules' regexes, checked by numpy
+    bad_idx = np.flatnonzero(first_bad_field)
     for i in bad_idx:
         line_index = good_lines[i]
         raw = block_line(arr, starts, ends, line_index)
@@ -178,13 +178,14 @@ def check_block(block: bytes, first_line: int, keep_good: bool = False) -> Block
     return BlockResult(first_line, len(ends), good, bad)
 
 
-def _carriage_return_rows(arr: np.ndarray, starts: np.ndarray, ends: np.ndarray, tabs: np.ndarray,
+def _carriage_return_rows(arr: np.ndarray, starts: np.ndarray, ends: np.ndarray, is_tab: np.ndarray,
                           fields: np.ndarray, first_line: int, block: bytes) -> list[BadRow]:
     """Rows with 40 fields that hold a carriage return: bad at the field holding the first '\r' (the byte column
     is where that field starts, as for every other field error)."""
     positions = np.flatnonzero(arr == _CARRIAGE_RETURN)
     if len(positions) == 0:
         return []
+    tabs = np.flatnonzero(is_tab)
     lines, first = np.unique(np.searchsorted(ends, positions), return_index=True)
     rows = []
     for line, pos in zip(lines, positions[first]):
