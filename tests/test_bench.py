@@ -372,3 +372,8 @@ def test_end_to_end_figures_count_every_raw_row_against_the_floor():
     assert arrow_retrain.value.median == pytest.approx(3_000 / 5.0)
     assert (end_to_end.target, retrain.target) == (">= 0.1", ">= 0.25")
     assert json.loads(json.dumps(data.to_raw()))["runs"][0]["preprocess_steps"]["transform_dataset"] == 30.0
+    # No --engine flag: named by the engine the command picked, held to issue #27's target.
+    runs[1].engine, runs[1].picked = endtoend.DEFAULT, "arrow"
+    by_default = endtoend.figures(endtoend.EndToEndData(runs=runs, floor=[1_000.0, 1_000.0]))[0]
+    assert by_default.name.startswith("end to end, default (arrow, no --engine flag) engine")
+    assert by_default.target == ">= 0.25" and by_default.value.median == pytest.approx(3_000 / 27.0)
