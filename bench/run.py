@@ -2,7 +2,8 @@
 
 Figures: ingest, endtoend (raw logs to split-binary through the CLI), preprocessing, loader, training, orchestration,
 scaling, cluster (fixed cost per Spark job on a standalone cluster), byo (BYO transcode against NVIDIA's
-transcode.py from the checkout named by $NVIDIA_DLRM; bench/byo.py) (see docs/PERFORMANCE.md for what each
+transcode.py from the checkout named by $NVIDIA_DLRM; bench/byo.py), gpu_dlrm (the GPU DLRM benchmark's CPU mode at
+criteo_f15/64 tables; bench/gpu_dlrm.py) (see docs/PERFORMANCE.md for what each
 measures). quick (default): 50k-row days, windows of 1/2 days, 3 repeats of every cheap measurement and one
 ingest pass / one preprocessing run per window (each Spark run costs tens of seconds of fixed start-up on 2 cores);
 full: 500k-row days, windows of 1/2/4/8 days, 3 repeats of everything. Writes bench/results/<UTC timestamp>.json and
@@ -28,13 +29,15 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, TypeVar
 
-from bench import byo, cluster, endtoend, ingest, loader, orchestration, preprocessing, report, scaling, training
+from bench import (byo, cluster, endtoend, gpu_dlrm, ingest, loader, orchestration, preprocessing, report, scaling,
+                   training)
 from bench.common import (CACHE_DIR, MODES, REPO, RESULTS_DIR, Figure, LoadMonitor, Mode, OtherWork, Stage,
                           cpu_seconds, load_average, log, machine_info)
 from bench.proc import RSS_METHOD
 from tasks.core.storage import write_text_atomic
 
-NAMES = ("ingest", "endtoend", "preprocessing", "loader", "training", "orchestration", "scaling", "cluster", "byo")
+NAMES = ("ingest", "endtoend", "preprocessing", "loader", "training", "orchestration", "scaling", "cluster", "byo",
+         "gpu_dlrm")
 NEEDS_INGEST = {"ingest", "orchestration", "scaling", "preprocessing"}
 NEEDS_PREPROCESSING = {"preprocessing", "scaling"}
 # Each cluster repeat is 3 spark-submits per side (~20 s each on 2 cores). quick measures the fixed cost against
@@ -125,6 +128,10 @@ class Runner:
             self.raw["byo"] = self.stage("byo transcode", lambda: byo.measure(
                 byo.BENCH_ROWS, mode.repeats, byo.nvidia_checkout(os.environ.get("NVIDIA_DLRM")), work / "byo"))
             self.figures += byo.figures(self.raw["byo"])
+        if "gpu_dlrm" in self.selected:  # the GPU benchmark's CPU mode (issue #28)
+            self.raw["gpu_dlrm"] = self.stage("gpu_dlrm (cpu mode)",
+                                              lambda: gpu_dlrm.measure(gpu_dlrm.CPU_MODE, work / "gpu_dlrm"))
+            self.figures += gpu_dlrm.figures(self.raw["gpu_dlrm"])
         if "ingest" in self.selected:
             self.figures += ingest.figures(ingest_data)
         if "endtoend" in self.selected:

@@ -78,6 +78,7 @@ class _Run:
     last_checkpoint: Path | None = None
     last_checkpoint_step: int = -1
     fused: Any = None  # the tables' optimizer of a sharded run (it steps inside backward)
+    seconds: dict[str, float] = field(default_factory=dict)  # phases of this process (metrics.json "seconds")
 
     @property
     def sharded(self) -> bool:
@@ -134,7 +135,9 @@ def _setup(cfg: DlrmConfig, ctx: DistContext) -> _Run:
     log(f"embedding tables: {len(cards)} tables, {sum(cards):,} rows x {dim} dims = "
         f"{format_bytes(embedding_table_bytes(cards, dim, cfg.max_table_size))} (fp32)")
     try:
+        started = time.perf_counter()
         core, optimizer = _build_model(cfg, ctx, spec, log)
+        build_seconds = time.perf_counter() - started
     except BaseException:
         train_data.close()
         test_data.close()
@@ -146,7 +149,7 @@ def _setup(cfg: DlrmConfig, ctx: DistContext) -> _Run:
     return _Run(cfg=cfg, ctx=ctx, log=log, core=core, optimizer=optimizer,
                 scheduler=make_scheduler(optimizer, cfg, total_steps), scaler=make_grad_scaler(ctx.device, cfg.amp),
                 train_data=train_data, test_data=test_data, out=Path(cfg.output_dir),
-                steps_per_epoch=steps_per_epoch, total_steps=total_steps)
+                steps_per_epoch=steps_per_epoch, total_steps=total_steps, seconds={"build_model": build_seconds})
 
 
 def _build_model(cfg: DlrmConfig, ctx: DistContext, spec: FeatureSpec,
@@ -409,14 +412,18 @@ def _train_epochs(run: _Run) -> ProgressMeter:
 def _finish(run: _Run, resumed: int | None, meter: ProgressMeter) -> TrainResult:
     # The training loop's rate (periodic evaluations and checkpoints included), taken before the final save.
     rate = meter.overall_samples_per_second(run.step)
+    started = time.perf_counter()
     checksum = _write_final(run)
+    run.seconds["final_write"] = time.perf_counter() - started
     run.log(f"final weights sha256 {checksum} at step {run.step}", all_ranks=True)
     per_rank = _gather_per_rank(run, run.core.embedding_bytes())
     result = TrainResult(steps=run.step, epochs=run.cfg.epochs, world_size=run.ctx.world_size,
                          resumed_from_step=resumed, samples_per_second=rate,
                          final_metrics={}, embedding_bytes=per_rank[run.ctx.rank], weights_sha256=checksum,
                          output_dir=run.out)
+    started = time.perf_counter()
     metrics = _evaluate(run, final=True) if run.ctx.is_main or run.sharded else None
+    run.seconds["final_eval"] = time.perf_counter() - started
     if not run.ctx.is_main:
         barrier(run.ctx)  # wait until rank 0 has written the outputs (see the module docstring)
         return result
@@ -429,7 +436,8 @@ def _finish(run: _Run, resumed: int | None, meter: ProgressMeter) -> TrainResult
                             "final_train_loss": train_losses[-1] if train_losses else None,
                             "embedding_bytes": result.embedding_bytes, "embedding_bytes_per_rank": per_rank,
                             "sharding": run.cfg.sharding, "resumed_from_step": resumed,
-                            "weights_sha256": checksum, "mapping": run.cfg.test_mapping}
+                            "weights_sha256": checksum, "mapping": run.cfg.test_mapping,
+                            "seconds": {k: round(v, 3) for k, v in run.seconds.items()}}
     if run.sharded:
         result.final_metrics["sharding_plan"] = sharded.plan_summary(run.core)
     result.model_path = run.out / "model.pt"
@@ -511,13 +519,17 @@ def _train(cfg: DlrmConfig, ctx: DistContext) -> TrainResult:
                     f"{format_bytes(run.core.embedding_bytes())} of tables", all_ranks=True)
             resumed = _resume(run)
         else:
+            started = time.perf_counter()
             resumed = _resume(run)
+            run.seconds["resume"] = time.perf_counter() - started
             run.model = (data_parallel(run.core, ctx, [name for name, _ in run.core.sparse_parameters()])
                          if ctx.is_distributed else run.core)
         run.log(f"training {run.total_steps} steps ({cfg.epochs} epochs x {run.steps_per_epoch}) of {cfg.batch_size} "
                 f"rows on {ctx.world_size} x {ctx.device} ({ctx.backend or 'single process'}), amp={cfg.amp}, "
                 f"starting at step {run.step}")
+        started = time.perf_counter()
         meter = _train_epochs(run)
+        run.seconds["train_loop"] = time.perf_counter() - started
         read = run.train_data.stats
         run.log(f"train reader: {read.batches_per_second:,.1f} batches/s, {read.megabytes_per_second:,.1f} MB/s")
         return _finish(run, resumed, meter)

@@ -1,0 +1,40 @@
+"""The GPU image installs the fbgemm-gpu that pairs with its torch (issue #28 §4): fbgemm-gpu 1.X is built for
+torch 2.(X+5); any other pair fails at import with an undefined symbol. TorchRec 1.X goes with fbgemm-gpu 1.X."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def paired_torch_minor(fbgemm_version: str) -> int:
+    major, minor = (int(part) for part in fbgemm_version.split(".")[:2])
+    assert major == 1, f"fbgemm-gpu {fbgemm_version}: the pairing rule is known for 1.X only"
+    return minor + 5
+
+
+def test_gpu_image_pairs_fbgemm_gpu_with_its_torch() -> None:
+    dockerfile = (REPO / "deploy" / "Dockerfile").read_text()
+    torch_pins = re.findall(r"torch==(\d+)\.(\d+)\.\d+", dockerfile)
+    assert torch_pins and len(set(torch_pins)) == 1, torch_pins
+    torch_major, torch_minor = (int(v) for v in torch_pins[0])
+    fbgemm = re.search(r"^ARG FBGEMM_GPU_VERSION=(\S+)$", dockerfile, re.MULTILINE)
+    assert fbgemm, "deploy/Dockerfile declares no FBGEMM_GPU_VERSION"
+    assert (torch_major, torch_minor) == (2, paired_torch_minor(fbgemm.group(1))), (torch_pins, fbgemm.group(1))
+    # Installed from torch's own (CUDA) index on the GPU build only, replacing the CPU build of the same module.
+    install = dockerfile[dockerfile.index("ARG FBGEMM_GPU_VERSION"):]
+    assert '*/cpu) ;;' in install and "pip uninstall -y fbgemm_gpu-cpu" in install
+    assert '--index-url "$TORCH_INDEX" "fbgemm-gpu==$FBGEMM_GPU_VERSION"' in install
+    assert '"torchrec==$FBGEMM_GPU_VERSION"' in install
+    # The CPU build pinned for everything else is the same release (requirements.txt), and so is the Makefile's
+    # TorchRec.
+    cpu_pin = re.search(r"^fbgemm_gpu-cpu==(\S+)$", (REPO / "requirements.txt").read_text(), re.MULTILINE)
+    assert cpu_pin and cpu_pin.group(1) == fbgemm.group(1)
+    torchrec = re.search(r"^TORCHREC := torchrec==(\S+)$", (REPO / "Makefile").read_text(), re.MULTILINE)
+    assert torchrec and torchrec.group(1) == fbgemm.group(1)
+
+
+def test_pairing_rule() -> None:
+    assert paired_torch_minor("1.8.0") == 13 and paired_torch_minor("1.6.0") == 11
