@@ -11,9 +11,8 @@ import yaml
 
 REPO = Path(__file__).resolve().parents[1]
 SECRETS = {
-    "POSTGRES_PASSWORD": "pg-secret", "REDIS_PASSWORD": "redis-secret", "MINIO_ROOT_USER": "minio-user",
-    "MINIO_ROOT_PASSWORD": "minio-secret", "AIRFLOW_ADMIN_USER": "ops", "AIRFLOW_PASSWORDS_FILE": "/tmp/pw.json",
-    "AIRFLOW_JWT_SECRET": "jwt", "AIRFLOW_SECRET_KEY": "key", "RAPIDS_JAR_URL": "https://example.invalid/r.jar",
+    # Every secret is a file in this folder (docker-compose.yml's `secrets:`); `config` does not read them.
+    "RECFLOW_SECRETS_DIR": "/tmp/recflow-compose-test-secrets", "RAPIDS_JAR_URL": "https://example.invalid/r.jar",
     "GIT_COMMIT": "deadbeef" * 5,  # a stand-in commit (low entropy: not a secret to the scanner)
 }
 
@@ -60,12 +59,14 @@ def test_every_service_of_the_deployment_is_there(resolved):
 def test_airflow_runs_celery_on_postgres_and_redis(resolved):
     env = resolved["services"]["airflow-scheduler"]["environment"]
     assert env["AIRFLOW__CORE__EXECUTOR"] == "CeleryExecutor"
-    assert env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"].startswith("postgresql+psycopg2://airflow:pg-secret@postgres/")
-    assert env["AIRFLOW__CELERY__BROKER_URL"] == "redis://:redis-secret@redis:6379/0"
-    assert "minio:9000" in env["AIRFLOW_CONN_AWS_DEFAULT"]
-    # The registry is provisioned on the deployment's PostgreSQL, and the tasks are told to use it.
+    # URLs are built at start-up from the secret files, the password percent-encoded (deploy/secret_url.py).
+    assert env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN_CMD"].split()[-2:] == [
+        "postgresql+psycopg2://airflow@postgres/airflow", "postgres_password"]
+    assert env["AIRFLOW__CELERY__BROKER_URL_CMD"].split()[-2:] == ["redis://:@redis:6379/0", "redis_password"]
+    # The registry is provisioned on the deployment's PostgreSQL (its own role; airflow-init creates the connection),
+    # and the tasks are told to use it.
     assert env["RECFLOW_REGISTRY_CONN_ID"] == "recflow_registry"
-    assert '"conn_type": "postgres"' in env["AIRFLOW_CONN_RECFLOW_REGISTRY"]
+    assert "recflow_registry" in (REPO / "deploy" / "airflow-init.sh").read_text()
     assert env["RECFLOW_PROFILE"] == "full"
 
 

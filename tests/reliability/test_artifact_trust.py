@@ -148,8 +148,8 @@ def test_manifest_names_are_checked_before_any_folder_is_made(tmp_path: Path):
 
 def test_children_get_no_secrets(tmp_path: Path, monkeypatch):
     """Item 2/4: the environment of every child (nvt jobs, spark-submit, torchrun, evaluation) lacks the secrets."""
-    secrets = {"AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": "postgresql://airflow:pw@postgres/airflow",
-               "AIRFLOW__API_AUTH__JWT_SECRET": "jwt", "AIRFLOW__API__SECRET_KEY": "k",
+    secrets = {"AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": "postgresql://airflow:pw@postgres/airflow",  # pragma: allowlist secret
+               "AIRFLOW__API_AUTH__JWT_SECRET": "jwt", "AIRFLOW__API__SECRET_KEY": "k",  # pragma: allowlist secret
                "AIRFLOW__CORE__FERNET_KEY": "f", "AIRFLOW__CELERY__BROKER_URL": "redis://:pw@redis:6379/0",
                "AIRFLOW_CONN_AWS_DEFAULT": '{"password": "x"}', "MINIO_ROOT_PASSWORD": "m", "MINIO_ROOT_USER": "u",
                "AWS_SECRET_ACCESS_KEY": "s", "AIRFLOW_VAR_TOKEN": "t"}
