@@ -102,8 +102,10 @@ def byo_dlrm():
     @task(**TRAIN_TASK)
     def train(run: dict, validated: dict, **context) -> dict:
         from tasks.byo.pipeline import train as run_training
+        from tasks.core.launch import ModelTooLarge
+        from tasks.dagkit import fail_without_retry
 
-        return run_training(load_settings(), context["run_id"], run)
+        return fail_without_retry(ModelTooLarge)(run_training)(load_settings(), context["run_id"], run)
 
     @task
     def evaluate(trained: dict, **context) -> dict:

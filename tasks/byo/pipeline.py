@@ -226,10 +226,12 @@ def validate_dataset(dataset_dir: Path) -> dict[str, Any]:
 
 def train(settings: Settings, run_id: str, run: dict[str, Any]) -> dict[str, Any]:
     from tasks.core.launch import train_with_torchrun
+    from tasks.core.profiles import dlrm_memory_need
 
     paths = run_paths(settings, run_id)
-    return train_with_torchrun(TRAIN_MODULE, paths.dataset, paths.train, model_config(run["knobs"], run["device"]),
-                               nproc=run["nproc"], label=f"train {run_id}")
+    config = model_config(run["knobs"], run["device"])
+    return train_with_torchrun(TRAIN_MODULE, paths.dataset, paths.train, config, nproc=run["nproc"],
+                               label=f"train {run_id}", memory=dlrm_memory_need(paths.dataset, config))
 
 
 def evaluate(settings: Settings, run_id: str, mapping: str = "test") -> dict[str, Any]:

@@ -14,6 +14,10 @@ Several machines ("nodes"): each node's launcher starts its own processes with t
 torchrun's processes meet at a c10d rendezvous hosted by node 0's launcher; TensorFlow's workers get one TF_CONFIG
 naming every worker of every node. The output directory must be one shared directory that every node sees.
 
+Before launching, a caller that can size its model (`MemoryNeed`, e.g. tasks.core.profiles.dlrm_memory_need from the
+FeatureSpec's cardinalities and the MLP widths) has the bytes checked against the node's memory (`check_memory`):
+a model far above the machine fails with one line naming what to lower, not in an allocation inside the trainer.
+
 A trainer that aborts while tearing down after it wrote its outputs (TorchRec's CPU builds raise SIGABRT at exit
 now and then) does not fail the task: the launcher accepts a SIGABRT exit when the run's outputs were written by this
 launch and are complete, and logs a warning line; any other abort, or one before the outputs exist, fails.
@@ -50,6 +54,79 @@ OUTPUT_WAIT_S = 600.0  # how long a node waits for outputs that another node's r
 
 class TrainingFailed(RuntimeError):
     """The trainer exited non-zero; the message is its last error line."""
+
+
+class ModelTooLarge(ValueError):
+    """The model needs more memory than the training node has (bad input: a retry cannot help). One line naming the
+    bytes on both sides and what to lower or set."""
+
+
+@dataclass(frozen=True)
+class MemoryNeed:
+    """The least memory a training job needs, by how it scales: `replicated` bytes in every process (dense layers,
+    data-parallel embedding tables), `sharded` bytes split across all processes of the job (sharded tables).
+    `what` describes the model, `lower` names the knobs that make it smaller (both for the refusal's line)."""
+
+    replicated: int
+    sharded: int
+    what: str
+    lower: str
+
+    def per_node(self, nproc: int, nnodes: int = 1) -> int:
+        return self.replicated * nproc + -(-self.sharded // nnodes)
+
+
+def _gib(n: float) -> str:
+    return f"{n / (1 << 30):.1f} GiB"
+
+
+def _has_gpu() -> bool:
+    gpus = Path("/proc/driver/nvidia/gpus")
+    return gpus.is_dir() and any(gpus.iterdir())
+
+
+def node_memory_bytes(device: str, settings: Settings | None = None) -> tuple[int | None, str]:
+    """(bytes a training node may use, where that figure comes from): RECFLOW_TRAIN_MEMORY_BYTES when set, else the
+    host's MemAvailable for CPU training; None for GPU training without the setting (device memory is not the
+    host's, and is not read here without importing torch)."""
+    if settings is None:
+        from tasks.core.config import load_settings
+
+        settings = load_settings()
+    if settings.train_memory_bytes:
+        return settings.train_memory_bytes, "RECFLOW_TRAIN_MEMORY_BYTES"
+    if device == "cuda" or (device == "auto" and _has_gpu()):
+        return None, "GPU memory (set RECFLOW_TRAIN_MEMORY_BYTES to check it)"
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024, "MemAvailable in /proc/meminfo"
+    except OSError:
+        pass
+    return None, "unknown (no /proc/meminfo)"
+
+
+def check_memory(need: MemoryNeed, nproc: int, *, device: str = "cpu", nodes: NodeLayout | None = None,
+                 available: int | None = None, source: str = "") -> None:
+    """Refuse (ModelTooLarge) a job whose least memory on this node is above what the node has; `available`
+    None = node_memory_bytes(device). Logs the comparison either way."""
+    nnodes = nodes.nnodes if nodes is not None else 1
+    needed = need.per_node(nproc, nnodes)
+    if available is None:
+        available, source = node_memory_bytes(device)
+    if available is None:
+        log.info("memory preflight: %s needs at least %s on this node; not checked against %s", need.what,
+                 _gib(needed), source)
+        return
+    if needed > available:
+        shape = f"{nproc} process(es) x {_gib(need.replicated)}" + (
+            f" + {_gib(need.sharded / nnodes)} of sharded tables" if need.sharded else "")
+        raise ModelTooLarge(f"{need.what} needs at least {_gib(needed)} on this node ({shape}), more than the "
+                            f"{_gib(available)} it has ({source}): lower {need.lower}, or set "
+                            "RECFLOW_TRAIN_MEMORY_BYTES if the worker has more")
+    log.info("memory preflight: %s needs at least %s on this node of %s available (%s)", need.what, _gib(needed),
+             _gib(available), source)
 
 
 @dataclass(frozen=True)
@@ -232,11 +309,12 @@ def _child_env(nproc: int) -> dict[str, str]:
 
 
 def train_with_torchrun(module: str, dataset_dir: Path, output_dir: Path, config: Mapping[str, Any], *,
-                        nproc: int = 1, label: str = "train", nodes: NodeLayout | None = None) -> dict[str, Any]:
+                        nproc: int = 1, label: str = "train", nodes: NodeLayout | None = None,
+                        memory: MemoryNeed | None = None) -> dict[str, Any]:
     """Run `module` (a trainer whose main() takes --dataset_dir/--output_dir plus its config flags and writes
     model.pt, then metrics.json) on nproc processes; cached by a manifest of (dataset, config, nproc). Returns
     metrics + paths. `nodes`: this node's place in a multi-node job (default: from the deployment's settings);
-    every node calls this with the same arguments."""
+    every node calls this with the same arguments. `memory`: the model's least memory, checked before launching."""
     dataset_manifest = read_manifest(dataset_dir)
     if dataset_manifest is None:
         raise FileNotFoundError(f"dataset {dataset_dir} has no manifest: run transform / validate first")
@@ -246,6 +324,8 @@ def train_with_torchrun(module: str, dataset_dir: Path, output_dir: Path, config
         inputs["nnodes"] = nodes.nnodes
     done = completed_manifest(output_dir, inputs)
     if done is None:
+        if memory is not None:
+            check_memory(memory, nproc, device=str(config.get("device", "auto")), nodes=nodes)
         full = {**config, "dataset_dir": str(dataset_dir), "output_dir": str(output_dir)}
         argv = torchrun_command(nproc, module, config_args(full), nnodes=nodes.nnodes, node_rank=nodes.node_rank,
                                 **nodes.torchrun_rdzv(output_dir))
@@ -306,13 +386,14 @@ def tf_worker_envs(workers: int, *, ports: list[int] | None = None, host: str = 
 
 def train_with_tf_workers(module: str, dataset_dir: Path, output_dir: Path, config: Mapping[str, Any], *,
                           workers: int = 1, label: str = "train", manifest_dir: Path | None = None,
-                          nodes: NodeLayout | None = None) -> dict[str, Any]:
+                          nodes: NodeLayout | None = None, memory: MemoryNeed | None = None) -> dict[str, Any]:
     """Run `module` (a TensorFlow trainer whose main() takes --dataset_dir/--output_dir plus its config flags,
     reads TF_CONFIG and writes metrics.json on the chief) as `workers` processes; cached by a manifest of
     (dataset, config, workers). `manifest_dir`: where the dataset's manifest is when dataset_dir is a part of a
     larger output (default: dataset_dir). If one worker fails the others are stopped and TrainingFailed names the
     failing worker and its last error line. `nodes`: this node's place in a multi-node job (default: from the
-    deployment's settings; `workers` is then the number per node). Returns metrics + paths."""
+    deployment's settings; `workers` is then the number per node). `memory`: the model's least memory, checked
+    before launching. Returns metrics + paths."""
     manifest_dir = manifest_dir or dataset_dir
     dataset_manifest = read_manifest(manifest_dir)
     if dataset_manifest is None:
@@ -326,6 +407,8 @@ def train_with_tf_workers(module: str, dataset_dir: Path, output_dir: Path, conf
         layout["cluster"], layout["indices"] = nodes.tf_cluster(workers)
     done = completed_manifest(output_dir, inputs)
     if done is None:
+        if memory is not None:
+            check_memory(memory, workers, device=str(config.get("device", "auto")), nodes=nodes)
         full = {**config, "dataset_dir": str(dataset_dir), "output_dir": str(output_dir)}
         argv = [sys.executable, "-m", module, *config_args(full)]
         envs = tf_worker_envs(workers, **layout)

@@ -187,14 +187,16 @@ def model_config(knobs: dict[str, Any], device: str) -> dict[str, Any]:
 def train(settings: Settings, run_id: str, run: dict[str, Any]) -> dict[str, Any]:
     """torchrun on nproc processes (PyTorch), or nproc TensorFlow workers (MultiWorkerMirroredStrategy)."""
     from tasks.core.launch import train_with_tf_workers, train_with_torchrun
+    from tasks.core.profiles import dlrm_memory_need
 
     paths = run_paths(settings, run_id)
+    config = model_config(run["knobs"], run["device"])
+    memory = dlrm_memory_need(paths.dataset, config)  # checked against the node before anything is launched
     if framework_of(run) == "tensorflow":
-        return train_with_tf_workers(FRAMEWORKS["tensorflow"][0], paths.dataset, paths.train,
-                                     model_config(run["knobs"], run["device"]), workers=run["nproc"],
-                                     label=f"train {run_id}")
-    return train_with_torchrun(TRAIN_MODULE, paths.dataset, paths.train, model_config(run["knobs"], run["device"]),
-                               nproc=run["nproc"], label=f"train {run_id}")
+        return train_with_tf_workers(FRAMEWORKS["tensorflow"][0], paths.dataset, paths.train, config,
+                                     workers=run["nproc"], label=f"train {run_id}", memory=memory)
+    return train_with_torchrun(TRAIN_MODULE, paths.dataset, paths.train, config, nproc=run["nproc"],
+                               label=f"train {run_id}", memory=memory)
 
 
 def evaluate(settings: Settings, run_id: str, mapping: str = "test", framework: str = "pytorch") -> dict[str, Any]:

@@ -57,7 +57,9 @@ def snapshot_training_tasks(steps_module: str, *, snapshot_param: str,
 
     @task(**TRAIN_TASK)
     def train(run: dict, validated: dict, **context) -> dict:
-        return steps().train(settings(), context["run_id"], run)
+        from tasks.core.launch import ModelTooLarge
+
+        return fail_without_retry(ModelTooLarge)(steps().train)(settings(), context["run_id"], run)
 
     @task
     def evaluate(run: dict, trained: dict, **context) -> dict:

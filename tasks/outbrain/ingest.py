@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
+from tasks.core.archive import copy_capped, expanded_max_bytes
 from tasks.core.config import Settings
 from tasks.core.download_sources import ChecksumMismatch, SourceNotFound
 from tasks.core.storage import (
@@ -176,8 +177,9 @@ def _unzip_member(archive: Path, destination: Path, member: str, archive_sha256:
             if member not in zf.namelist():
                 raise DataQualityError(f"{archive.name} holds no {member} (members: {zf.namelist()[:10]})")
             with zf.open(member) as source, atomic_file(destination) as sink:
-                while chunk := source.read(8 << 20):
-                    sink.write(chunk)
+                # A zip bomb stops at the deployment's cap (ExpansionLimitExceeded: NotAllowed, not retried).
+                copy_capped(source, sink, limit=expanded_max_bytes(), what=f"{archive.name} (member {member})",
+                            chunk_bytes=8 << 20)
     except (zipfile.BadZipFile, OSError, EOFError) as exc:
         raise DataQualityError(f"{archive.name}: not a readable zip archive ({exc})") from None
     write_text_atomic(stamp, wanted)

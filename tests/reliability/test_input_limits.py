@@ -361,3 +361,101 @@ def test_validation_refuses_lines_over_the_line_cap_setting_as_bad_rows(tmp_path
     assert [(bad.line, bad.field) for bad in skipped] == [(2, 0)]
     assert "5000 bytes, longer than 2000" in skipped[0].describe()
     assert b"".join(block for _, block, _ in blocks) == _criteo_row(1) + b"\n" + _criteo_row(2) + b"\n"
+
+
+# ---- item 11: a model far above the machine is refused before training is launched -------------------------------
+
+
+def _dataset(directory: Path, cardinalities: list[int]) -> Path:
+    from tasks.core.storage import Manifest, write_manifest
+    from tasks.formats.feature_spec import FEATURE_SPEC_FILE, FeatureSpec
+
+    directory.mkdir(parents=True)
+    FeatureSpec.get_default_feature_spec(13, cardinalities).to_yaml(directory / FEATURE_SPEC_FILE)
+    write_manifest(directory, Manifest(kind="test_dataset", inputs={"cardinalities": cardinalities}))
+    return directory
+
+
+def _criteo_run(nproc: int = 1) -> dict:
+    from tasks.criteo.profiles import PROFILES
+
+    return {"knobs": dict(PROFILES["demo"]), "device": "cpu", "nproc": nproc, "framework": "pytorch",
+            "train_days": [0], "test_day": 1}
+
+
+@pytest.fixture
+def launches(monkeypatch) -> list:
+    """Every child the launcher would start (none may start for a refused model)."""
+    import tasks.core.launch as launch
+
+    started: list = []
+
+    def refuse_to_start(argv, **kwargs):
+        started.append(argv)
+        raise AssertionError("training was launched")
+
+    monkeypatch.setattr(launch, "run_streaming", refuse_to_start)
+    monkeypatch.setattr(launch, "run_streaming_group", refuse_to_start)
+    return started
+
+
+@pytest.mark.parametrize("framework", ["pytorch", "tensorflow"])
+def test_model_far_above_the_machine_is_refused_before_training_starts(tmp_path: Path, monkeypatch, launches,
+                                                                       framework: str) -> None:
+    from tasks.core.config import load_settings
+    from tasks.core.launch import ModelTooLarge
+    from tasks.criteo.dlrm import run_paths, train
+
+    monkeypatch.setenv("RECFLOW_DATA_ROOT", str(tmp_path))
+    monkeypatch.setenv("RECFLOW_TRAIN_MEMORY_BYTES", str(16 << 30))
+    settings = load_settings()
+    _dataset(run_paths(settings, "run1").dataset, [300_000_000] * 26)  # 7.8e9 rows x 128 x 4 B: ~3.6 TiB
+    with pytest.raises(ModelTooLarge) as caught:
+        train(settings, "run1", {**_criteo_run(), "framework": framework})
+    _one_line(caught.value, "26 embedding tables", "7,800,000,000 rows", "16.0 GiB", "RECFLOW_TRAIN_MEMORY_BYTES",
+              "max_table_size", "nproc")
+    assert launches == []
+
+
+def test_memory_need_counts_processes_and_sharding(tmp_path: Path) -> None:
+    from tasks.core.launch import ModelTooLarge, check_memory
+    from tasks.core.profiles import dlrm_memory_need
+    from tasks.criteo.dlrm import model_config
+    from tasks.criteo.profiles import PROFILES
+
+    dataset = _dataset(tmp_path / "dataset", [1_000_000] * 4)  # 4e6 rows x dim
+    config = model_config(dict(PROFILES["demo"]), "cpu")
+    dim = config["bottom_mlp_sizes"][-1]
+    need = dlrm_memory_need(dataset, config)
+    assert need.replicated >= 4_000_000 * dim * 4 and need.sharded == 0
+    check_memory(need, 1, available=need.per_node(1), source="test")  # exactly enough: allowed
+    with pytest.raises(ModelTooLarge, match="4 process"):
+        check_memory(need, 4, available=need.per_node(1) * 2, source="test")  # every process holds a replica
+    sharded = dlrm_memory_need(dataset, {**config, "sharding": "table_wise"})
+    assert sharded.sharded == 4_000_000 * dim * 4 and sharded.per_node(4) < need.per_node(4)
+
+
+def test_demo_model_passes_the_preflight_against_this_machine(tmp_path: Path) -> None:
+    from tasks.core.launch import check_memory, node_memory_bytes
+    from tasks.core.profiles import dlrm_memory_need
+    from tasks.criteo.dlrm import model_config
+    from tasks.criteo.profiles import PROFILES
+
+    available, source = node_memory_bytes("cpu")
+    assert available and source == "MemAvailable in /proc/meminfo"
+    dataset = _dataset(tmp_path / "dataset", [10_000] * 26)
+    check_memory(dlrm_memory_need(dataset, model_config(dict(PROFILES["demo"]), "cpu")), 2)
+
+
+def test_outbrain_zip_bomb_is_refused_at_the_cap(tmp_path: Path, monkeypatch) -> None:
+    from tasks.outbrain.ingest import _unzip_member
+
+    archive = tmp_path / "clicks_train.csv.zip"
+    with zipfile.ZipFile(archive, "w", zipfile.ZIP_DEFLATED) as zf:
+        zf.writestr("clicks_train.csv", bytes(4 << 20))
+    monkeypatch.setenv("RECFLOW_EXPANDED_MAX_BYTES", str(1 << 20))
+    destination = tmp_path / "clicks_train.csv"
+    with pytest.raises(NotAllowed) as caught:
+        _unzip_member(archive, destination, "clicks_train.csv", "0" * 64)
+    _one_line(caught.value, "clicks_train.csv.zip", "RECFLOW_EXPANDED_MAX_BYTES")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["clicks_train.csv.zip"]
