@@ -273,13 +273,14 @@ def gate(settings: Settings, run_id: str, metrics: dict[str, Any], run: dict[str
          registry_conn_id: str | None = None, aws_conn_id: str | None = None) -> dict[str, Any]:
     """AUC >= min_auc, and not worse than the production model by more than max_regression on this run's test
     rows (tasks.release.steps.gate_run)."""
+    from tasks.core.download_sources import redacted_url
     from tasks.release.steps import gate_run
 
     knobs = run["knobs"]
     return gate_run(settings, pipeline=PIPELINE, dataset=DATASET, run_id=run_id, model_name=model_name,
                     metrics=metrics, metric="auc", min_value=knobs["min_auc"],
                     max_regression=knobs["max_regression"],
-                    window={"spec_uri": run["spec_uri"], "data_uri": run["data_uri"]},
+                    window={"spec_uri": redacted_url(run["spec_uri"]), "data_uri": redacted_url(run["data_uri"])},
                     config_hash=fingerprint(model_config(knobs, run["device"])),
                     gate_dir=run_paths(settings, run_id).gate, registry_conn_id=registry_conn_id,
                     score_production=lambda uri: score_published(settings, run_id, uri, aws_conn_id=aws_conn_id))
@@ -288,14 +289,19 @@ def gate(settings: Settings, run_id: str, metrics: dict[str, Any], run: dict[str
 def lineage(settings: Settings, run_id: str, run: dict[str, Any], params: dict[str, Any]) -> dict[str, Any]:
     """Where the model came from: the URIs, every source file's sha256, the validation and dataset fingerprints,
     profile and knobs, the params as triggered, code."""
+    from tasks.core.download_sources import redacted_url
+
     paths = run_paths(settings, run_id)
     validated = read_manifest(paths.validated) or {}
     dataset = read_manifest(paths.dataset) or {}
     gate_file = paths.gate / "gate.json"
     return {
-        "pipeline": PIPELINE, "run_id": run_id, "spec_uri": run["spec_uri"], "data_uri": run["data_uri"],
-        "source_files": validated.get("inputs", {}).get("files"), "profile": run["profile"], "knobs": run["knobs"],
-        "params": params, "model_config": model_config(run["knobs"], run["device"]), "nproc": run["nproc"],
+        # Presigned URLs sign a request: their query strings stay out of lineage and the registry (issue #24).
+        "pipeline": PIPELINE, "run_id": run_id, "spec_uri": redacted_url(run["spec_uri"]),
+        "data_uri": redacted_url(run["data_uri"]), "source_files": validated.get("inputs", {}).get("files"),
+        "profile": run["profile"], "knobs": run["knobs"],
+        "params": {k: redacted_url(v) if k in ("spec_uri", "data_uri") and v else v for k, v in params.items()},
+        "model_config": model_config(run["knobs"], run["device"]), "nproc": run["nproc"],
         "code_version": code_version(), "validated": validated.get("inputs_fingerprint"),
         "dataset": dataset.get("inputs_fingerprint"), "rows": dataset.get("rows"),
         "features": dataset.get("extra", {}).get("features"),

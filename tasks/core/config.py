@@ -31,9 +31,10 @@ each pipeline its training profiles. Environment variables (all optional; with n
   RECFLOW_RELEASE_MIN_VALUE, RECFLOW_RELEASE_MAX_REGRESSION  the loosest gate a trigger form may ask for: the lowest
                            min_<metric> (min_auc, min_hr, min_map) and the highest max_regression (default: the
                            values of the deployment's RECFLOW_PROFILE). A form may only tighten them (issue #24)
-  RECFLOW_DOWNLOAD_MAX_BYTES  source bytes one download may fetch (default 64 GiB; a Criteo day is ~15 GB gzipped)
-  RECFLOW_EXPANDED_MAX_BYTES  bytes one gunzip or one zip extraction may write (default 64 GiB; a Criteo day is
-                           ~46 GB of TSV): a decompression bomb is refused at the cap, not when the disk is full
+  RECFLOW_DOWNLOAD_MAX_BYTES  source bytes one download may fetch (default 64 GiB; the largest daily click log of
+                           the public datasets is ~15 GB gzipped)
+  RECFLOW_EXPANDED_MAX_BYTES  bytes one gunzip or one zip extraction may write (default 64 GiB; that day is ~46 GB
+                           of TSV): a decompression bomb is refused at the cap, not when the disk is full
   RECFLOW_DOWNLOAD_DEADLINE_S seconds one download may take in all, resumes included (default 21600 = 6 h): a server
                            that trickles bytes fails the task by then instead of holding a pool slot forever
   RECFLOW_TASK_TIMEOUT_S, RECFLOW_DOWNLOAD_TASK_TIMEOUT_S, RECFLOW_SPARK_TASK_TIMEOUT_S, RECFLOW_TRAIN_TASK_TIMEOUT_S

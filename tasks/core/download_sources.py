@@ -105,11 +105,16 @@ class _Source:
     key: str = ""
 
 
-def _shown(url: str) -> str:
+def redacted_url(url: str) -> str:
+    """The URL as logs, XCom, lineage and the registry may keep it: an http(s) query string (a presigned URL's
+    signature) is replaced by '<hidden>'."""
     parts = urlsplit(url)
     if parts.scheme.lower() not in ("http", "https") or not parts.query:
         return url
     return urlunsplit(parts._replace(query="<hidden>", fragment=""))
+
+
+_shown = redacted_url
 
 
 def _parse_source(url: str) -> _Source:
@@ -154,7 +159,9 @@ def _url_key(url: str) -> tuple[str, str, int | None, list[str]] | None:
             port = parts.port or _DEFAULT_PORTS.get(scheme)
         except ValueError:  # a port that is not a number
             return None
-    segments = [unquote(segment) for segment in path.split("/")] if path else []
+    # An s3:// key is used verbatim by the fetch (_parse_source), so it is compared verbatim: unquoting it here let
+    # 's3://b/allow%65d/x' pass a check for 's3://b/allowed' and then fetch another key (issue #24 item 14).
+    segments = [segment if scheme == "s3" else unquote(segment) for segment in path.split("/")] if path else []
     if segments[-1:] == [""]:
         segments.pop()  # a trailing '/': the folder itself
     if any(segment in ("", ".", "..") or "/" in segment or "\\" in segment for segment in segments):

@@ -235,3 +235,37 @@ def test_published_digest_is_what_the_registry_recorded(tmp_path: Path):
         assert registry.version(CRITEO, version)["manifest_sha256"] == digest
     again = _publish(settings, tmp_path, CRITEO, "run-1", CRITEO)  # a retry: cached, same digest recorded
     assert again["cached"] and again["version"] == version
+
+
+PRESIGNED = ("https://data.example/byo/feature_spec.yaml?X-Amz-Algorithm=AWS4-HMAC-SHA256"
+             "&X-Amz-Credential=AKIDEXAMPLE%2F20260105&X-Amz-Signature=0123456789abcdef")
+
+
+def test_presigned_url_signatures_stay_out_of_lineage_and_the_registry(tmp_path: Path):
+    """Item 12: a byo run's spec_uri is a presigned URL; its query string reaches neither lineage nor the registry."""
+    from tasks.byo import pipeline
+    from tasks.byo.profiles import KNOBS, PROFILES
+    from tasks.core.profiles import resolve_knobs
+
+    settings = Settings(data_root=tmp_path / "data")
+    run = {"spec_uri": PRESIGNED, "data_uri": PRESIGNED.rsplit("/", 1)[0] + "/data?X-Amz-Signature=feedface",
+           "profile": "demo", "knobs": resolve_knobs(KNOBS, PROFILES, "demo", {}), "nproc": 1, "device": "cpu"}
+    record = pipeline.gate(settings, "run-1", {"auc": 0.9, "rows": 10}, run, model_name="byo_model",
+                           registry_conn_id="")
+    assert record["passed"]
+    doc = pipeline.lineage(settings, "run-1", run, {"spec_uri": PRESIGNED, "epochs": 1})
+    with steps.open_registry(settings, "") as registry:
+        stored = registry.get_run(pipeline.PIPELINE, "run-1")
+    for where, text in (("lineage", json.dumps(doc)), ("registry", json.dumps(stored.window))):
+        assert "X-Amz-Signature" not in text and "feedface" not in text, where
+        assert "https://data.example/byo/feature_spec.yaml?<hidden>" in text, where
+
+
+def test_s3_prefix_check_compares_the_key_the_fetch_uses():
+    """Item 14: 's3://b/allow%65d/x' is the object key 'allow%65d/x' (fetched verbatim), not under 's3://b/allowed'."""
+    from tasks.core.download_sources import SourceNotAllowed, check_source_prefix
+
+    with pytest.raises(SourceNotAllowed, match="not under an allowed prefix"):
+        check_source_prefix("s3://bucket/allow%65d/day_0", ["s3://bucket/allowed"])
+    check_source_prefix("s3://bucket/allowed/day%200", ["s3://bucket/allowed"])  # a literal '%' key under it
+    check_source_prefix("https://h.example/raw/day%5F0", ["https://h.example/raw"])  # http(s) paths are decoded
