@@ -100,7 +100,7 @@ class Settings:
     # The loosest release gate a trigger form may set; None: the deployment profile's value (tasks.core.profiles).
     release_min_value: float | None = None
     release_max_regression: float | None = None
-    # Input limits (docs/security.md): what one download, decompression, task or window may take.
+    # Input limits (docs/input_limits.md): what one download, decompression, task or window may take.
     download_max_bytes: int = 64 << 30
     expanded_max_bytes: int = 64 << 30
     download_deadline_s: float = 6 * 3600.0
