@@ -50,8 +50,8 @@ from tasks.core.validation import keep_lines, line_bounds
 
 log = logging.getLogger(__name__)
 
-STEP_ROWS = 1 << 17          # lines taken from every file of a mapping per step
-READ_BYTES = 4 << 20         # one read from a file's (decompressed) stream
+STEP_ROWS = 1 << 15          # lines taken from every file of a mapping per step (memory ~ this x the row's width)
+READ_BYTES = 1 << 20         # one read from a file's (decompressed) stream
 WRITE_ROWS = 1 << 18
 PARSE_BLOCK_BYTES = 1 << 20  # pyarrow's CSV block: its unit of parallel parsing         # rows per batch handed to the split-binary writer
 SPILL = "_spill"
