@@ -24,8 +24,8 @@ from airflow.sdk import Param, dag, task
 from tasks.byo.pipeline import ENGINE_ENV, TRANSCODE_ENGINES
 from tasks.byo.profiles import KNOBS, PROFILES
 from tasks.core.config import load_settings
-from tasks.dagkit import (DEFAULT_ARGS, DOWNLOAD_TASK, SPARK_TASK, TRAIN_TASK, device_param, engine_param, fail_without_retry,
-                          knob_params, profile_param, release_params, spark_master)
+from tasks.dagkit import (DEFAULT_ARGS, DOWNLOAD_TASK, SPARK_TASK, TRAIN_TASK, device_param, engine_param,
+                          fail_without_retry, knob_params, profile_param, release_params, spark_master)
 from tasks.release.steps import failure_callback
 
 record_failure = failure_callback("byo_dlrm")
