@@ -135,3 +135,29 @@ def test_multi_gpu_data_parallel_with_big_dense_tables_is_refused_before_trainin
     check_table_layout(DlrmConfig(sharding="table_wise"), nccl, [1_000_000, 200_000])
     gloo = DistContext(rank=0, local_rank=0, world_size=2, device=torch.device("cpu"), backend="gloo")
     check_table_layout(cfg, gloo, [1_000_000, 200_000])  # gloo keeps sparse updates
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA devices for a 2-process NCCL run")
+def test_nccl_dense_tables_are_refused_and_the_sharded_layout_runs(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    from tasks.core.launch import free_port, torchrun_command
+
+    data = tmp_path / "data"
+    make_synthetic_dataset(data, train_rows=8_192, test_rows=1_024, seed=0)
+    base = ["--dataset_dir", str(data), "--bottom_mlp_sizes", "16", "8", "--top_mlp_sizes", "16", "1",
+            "--batch_size", "1024", "--device", "cuda", "--lr", "0.5", "--dense_table_limit_mb", "0"]
+    repo = Path(__file__).resolve().parents[1]
+    refused = subprocess.run(torchrun_command(2, "models.dlrm.train", [*base, "--output_dir", str(tmp_path / "a")],
+                                              master_port=free_port(), python=sys.executable),
+                             cwd=repo, capture_output=True, text=True, timeout=300)
+    assert refused.returncode != 0 and "set --sharding table_wise" in refused.stdout + refused.stderr
+    assert not (tmp_path / "a" / "model.pt").exists()
+    sharded = subprocess.run(torchrun_command(2, "models.dlrm.train", [*base, "--output_dir", str(tmp_path / "b"),
+                                                                      "--sharding", "table_wise"],
+                                              master_port=free_port(), python=sys.executable),
+                             cwd=repo, capture_output=True, text=True, timeout=300)
+    assert sharded.returncode == 0, sharded.stderr[-3000:]
+    assert (tmp_path / "b" / "model.pt").exists()

@@ -184,13 +184,13 @@ def _refusal_reason(exc: Exception) -> str:
 
 def safe_load(path: Path, kind: str | tuple[str, ...], map_location: str | torch.device = "cpu",
               mmap: bool = False) -> dict[str, Any]:
-    """Load a recflow file of the given kind (or one of the given kinds) with `torch.load(weights_only=True)`;
-    CheckpointError otherwise.
+    """Load a recflow file of the given kind (or one of the given kinds, the first named in errors) with
+    `torch.load(weights_only=True)`; CheckpointError otherwise.
 
     mmap: map the tensors from the file instead of reading them (a process that needs only slices of large
     tables then reads only those pages)."""
     kinds = (kind,) if isinstance(kind, str) else kind
-    kind = " or ".join(kinds)
+    kind = kinds[0]  # named in errors (the others are alternative layouts of it)
     try:
         payload = torch.load(path, weights_only=True, map_location=map_location, mmap=mmap)
     except FileNotFoundError:
