@@ -73,9 +73,11 @@ def run_pipeline(root: Path, source_dir: Path, profile: str, connection: dict[st
         settings, day, engine="spark", spark_master=master)) for day in DAYS]
     paths = criteo_dlrm.run_paths(settings, RUN_ID)
     dictionary = timed("dictionary", lambda: criteo_preprocess.build_dictionary(
-        settings, paths.dictionary, TRAIN_DAYS, TEST_DAY, frequency_threshold=THRESHOLD, spark_master=master))
+        settings, paths.dictionary, TRAIN_DAYS, TEST_DAY, frequency_threshold=THRESHOLD, spark_master=master,
+        engine="spark"))  # pinned: on the local master the default would be arrow
     dataset = timed("transform", lambda: criteo_preprocess.transform_dataset(
-        settings, paths.dataset, paths.dictionary, TRAIN_DAYS, TEST_DAY, seed=SEED, spark_master=master))
+        settings, paths.dataset, paths.dictionary, TRAIN_DAYS, TEST_DAY, seed=SEED, spark_master=master,
+        engine="spark"))
     return {"master": master, "root": root, "stats": stats, "dictionary": dictionary, "dataset": dataset,
             "seconds": seconds}
 
