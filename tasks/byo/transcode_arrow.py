@@ -143,6 +143,8 @@ def _fast_parse(chunk: CsvChunk, block: bytes, count: int) -> ParsedLines | None
     if chunk.channels == (LABEL_CHANNEL,) and len(block) == 2 * count:  # the label alone: one digit a line
         digits = arr[0::2] - _DIGIT_0
         return ParsedLines(digits <= 1, {chunk.features[0]: digits.astype(np.float64)})
+    if chunk.channels == (CATEGORICAL_CHANNEL,):  # one id a line: its digits summed straight from the bytes
+        return _parse_id_lines(chunk.features[0], arr, count)
     if not numbers_only and np.diff(np.flatnonzero(arr < _DIGIT_0), prepend=-1).max() > MAX_ID_DIGITS + 1:
         return None  # a field of more than 18 digits (only digits and separators are left: separators < '0')
     if numbers_only and (b"e" in block or b"E" in block) and _long_exponent(arr):
@@ -178,6 +180,24 @@ def _fast_parse(chunk: CsvChunk, block: bytes, count: int) -> ParsedLines | None
                 ok &= np.abs(numbers) <= FLOAT16_MAX  # NaN where null: already not ok
         values[feature] = numbers
     return ParsedLines(ok, values)
+
+
+def _parse_id_lines(name: str, arr: np.ndarray, count: int) -> ParsedLines | None:
+    """Lines of one id each (only digits and newlines: checked by the caller), 1 to 18 digits, as int64: each line's
+    digits right-aligned in a row of the longest line's width and weighted by powers of ten. None when a line is
+    empty or too long (the exact path then names the rule)."""
+    ends = np.flatnonzero(arr == _NEWLINE)
+    if len(ends) != count:
+        return None
+    starts = np.concatenate(([0], ends[:-1] + 1))
+    lengths = ends - starts
+    if not len(lengths) or lengths.min() < 1 or lengths.max() > MAX_ID_DIGITS:
+        return None
+    width = int(lengths.max())
+    index = ends[:, None] - width + np.arange(width)
+    digits = np.where(index >= starts[:, None], arr.take(index, mode="clip").astype(np.int64) - _DIGIT_0, 0)
+    values = digits @ (10 ** np.arange(width - 1, -1, -1, dtype=np.int64))
+    return ParsedLines(np.ones(count, bool), {name: values})
 
 
 def _long_exponent(arr: np.ndarray) -> bool:
