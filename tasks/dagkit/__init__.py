@@ -100,8 +100,12 @@ def knob_params(knobs: Mapping[str, Knob], profiles: Mapping[str, Mapping[str, A
             schema["enum"] = [None, *schema["enum"]]
             schema["values_display"] = {"None": "(the profile's value)"}  # the UI would show the word "null"
         by_profile = ", ".join(f"{profile}: {_shown(values[name])}" for profile, values in profiles.items())
+        only = {"min": " A run may only raise it above the deployment's (RECFLOW_RELEASE_MIN_VALUE, else "
+                       "RECFLOW_PROFILE's value).",
+                "max": " A run may only lower it below the deployment's (RECFLOW_RELEASE_MAX_REGRESSION, else "
+                       "RECFLOW_PROFILE's value)."}.get(knob.release or "", "")
         params[name] = Param(None, **schema, title=knob.title or name,
-                             description=f"{knob.description} Empty = the profile's value ({by_profile}).")
+                             description=f"{knob.description} Empty = the profile's value ({by_profile}).{only}")
     return params
 
 
@@ -139,7 +143,8 @@ def release_params(model_name: str) -> dict[str, Any]:
 
     return {
         "model_name": Param(model_name, type="string", pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$",
-                            description="Name under which versions are published."),
+                            description="Name under which versions are published. A name belongs to the "
+                                        "pipeline that published it first: another DAG's run under it is refused."),
         "publish_uri": Param(None, type=["null", "string"], pattern=r"^(s3://|/)[A-Za-z0-9_./-]+$",
                              description="Directory or s3://bucket/prefix. Empty = RECFLOW_PUBLISH_URI or "
                                          "<data root>/published. Must lie under RECFLOW_PUBLISH_ALLOWED "
