@@ -249,8 +249,13 @@ def predict_file(version_dir: Path, raw: Path, output: Path | None = None, *, en
 
 
 def fetch_model(model_uri: str, cache_dir: Path, s3_client: Any = None) -> Path:
-    """A published version (its URI, or a model's URI for the latest version) as a verified local directory."""
-    from tasks.release.publish import fetch_published_version, latest_version, parse_model_uri
+    """A published version (its URI, or a model's URI for the latest version) as a verified local directory: each
+    file against the manifest, and the manifest against the digest the deployment's registry recorded at publish
+    when it has one (TamperedVersion otherwise, before anything is loaded: the version holds a TorchScript export)."""
+    from tasks.core.config import load_settings
+    from tasks.release.publish import (PublishNotAllowed, UnverifiedVersion, check_store_allowed,
+                                       fetch_published_version, latest_version, parse_model_uri)
+    from tasks.release.steps import trusted_manifest_sha256
 
     store, model, version = parse_model_uri(model_uri)
     if version is None:
@@ -258,7 +263,14 @@ def fetch_model(model_uri: str, cache_dir: Path, s3_client: Any = None) -> Path:
         if latest is None:
             raise FileNotFoundError(f"no version of {model} is published in {store}")
         version = latest["version"]
-    return fetch_published_version(store, model, version, Path(cache_dir) / model / version, s3_client)
+    settings, trusted = load_settings(), None
+    try:
+        check_store_allowed(store, settings.allowed_publish_stores)  # a store this deployment's registry describes
+        trusted = trusted_manifest_sha256(settings, model, version)
+    except (PublishNotAllowed, UnverifiedVersion) as exc:  # a URI the person named, outside the registry: their call
+        log.warning("%s %s is not verified against the registry (%s): checked against its own manifest only",
+                    model, version, str(exc).splitlines()[0])
+    return fetch_published_version(store, model, version, Path(cache_dir) / model / version, s3_client, trusted)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

@@ -269,3 +269,18 @@ def test_s3_prefix_check_compares_the_key_the_fetch_uses():
         check_source_prefix("s3://bucket/allow%65d/day_0", ["s3://bucket/allowed"])
     check_source_prefix("s3://bucket/allowed/day%200", ["s3://bucket/allowed"])  # a literal '%' key under it
     check_source_prefix("https://h.example/raw/day%5F0", ["https://h.example/raw"])  # http(s) paths are decoded
+
+
+def test_predict_refuses_a_tampered_version_the_registry_knows(tmp_path: Path, monkeypatch):
+    """`python -m tasks criteo predict --model <uri>` fetches through the same check (its version holds TorchScript)."""
+    from tasks.criteo.predict import fetch_model
+
+    settings = Settings(data_root=tmp_path / "data")
+    monkeypatch.setenv("RECFLOW_DATA_ROOT", str(settings.data_root))
+    monkeypatch.delenv("RECFLOW_REGISTRY_CONN_ID", raising=False)
+    published = _publish(settings, tmp_path, CRITEO, "run-1", CRITEO)
+    assert (fetch_model(published["uri"], tmp_path / "ok") / WORKFLOW).is_file()
+    _tamper(published["uri"], tmp_path / "payload-ran")
+    with pytest.raises(TamperedVersion):
+        fetch_model(published["uri"], tmp_path / "cache")
+    assert not (tmp_path / "cache").exists() and not (tmp_path / "payload-ran").exists()
