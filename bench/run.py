@@ -3,7 +3,7 @@
 Figures: ingest, endtoend (raw logs to split-binary through the CLI), preprocessing, loader, training, orchestration,
 scaling, cluster (fixed cost per Spark job on a standalone cluster), byo (BYO transcode against NVIDIA's
 transcode.py from the checkout named by $NVIDIA_DLRM; bench/byo.py), gpu_dlrm (the GPU DLRM benchmark's CPU mode at
-criteo_f15/64 tables; bench/gpu_dlrm.py) (see docs/PERFORMANCE.md for what each
+criteo_f15/16 tables; bench/gpu_dlrm.py) (see docs/PERFORMANCE.md for what each
 measures). quick (default): 50k-row days, windows of 1/2 days, 3 repeats of every cheap measurement and one
 ingest pass / one preprocessing run per window (each Spark run costs tens of seconds of fixed start-up on 2 cores);
 full: 500k-row days, windows of 1/2/4/8 days, 3 repeats of everything. Writes bench/results/<UTC timestamp>.json and
