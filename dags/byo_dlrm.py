@@ -14,7 +14,7 @@ logloss on the test mapping) → `gate` (AUC threshold, and no worse than the pu
 test rows) → `publish` (weights, both FeatureSpecs, curves, gate record; `latest` moved last).
 
 The spec is NVIDIA's yaml with `type: csv` chunks (see NVIDIA's DLRM README, "BYO dataset", and
-docs/byo.md). Outputs live under `<data root>/runs/byo_dlrm/<run id>/`. Triggered by hand (no schedule).
+docs/byo.md). Outputs live under `<data root>/runs/byo_dlrm/<run id>/`.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from tasks.core.config import load_settings
 from tasks.dagkit import (DEFAULT_ARGS, DOWNLOAD_TASK, SPARK_TASK, TRAIN_TASK, device_param, engine_param,
                           fail_without_retry, knob_params, profile_param, release_params, spark_master)
 from tasks.release.steps import failure_callback
+from tasks.dagkit.docs import document
 
 record_failure = failure_callback("byo_dlrm")
 
@@ -38,7 +39,6 @@ record_failure = failure_callback("byo_dlrm")
     max_active_runs=1,
     default_args=DEFAULT_ARGS,
     tags=["recflow", "byo", "dlrm", "training"],
-    doc_md=__doc__,
     params={
         "spec_uri": Param(None, type=["null", "string"], maxLength=2000, title="FeatureSpec URI",
                           description="The CSV FeatureSpec yaml: file://, http(s):// or s3:// (under the "
@@ -140,4 +140,4 @@ def byo_dlrm():
     gate(run, metrics) >> publish(run, metrics)
 
 
-byo_dlrm()
+document(byo_dlrm(), __doc__)

@@ -19,9 +19,10 @@ cluster / gpu Spark profile; CPU, or GPU through the RAPIDS Accelerator with the
 dictionary (docs/nvtabular.md); an nvtabular model also publishes its fitted workflow.
 
 Configuration: a `profile` (`full`: NVIDIA's recipe, the default of scheduled runs; `demo`: one CPU machine) gives
-every knob a value; a knob param left empty takes the profile's. Schedule: retrains when `criteo_ingest` emits a
-`criteo_day_stats` asset event (new data landed) and on a cron (`RECFLOW_RETRAIN_CRON`, default Mondays 06:00
-UTC). With `train_days` / `test_day` empty, the newest ingested day is the test day and the `window_days` days
+every knob a value; a knob param left empty takes the profile's. Retraining: `criteo_ingest`'s retrain gate
+triggers a run once a complete new window of days has landed; the timetable below (`RECFLOW_RETRAIN_CRON`) is a
+safety net that trains the newest complete window only if it is newer than the last trained one. With
+`train_days` / `test_day` empty, the newest ingested day is the test day and the `window_days` days
 before it are the train days. Needs `criteo_ingest` to have run
 for every day of the window. Outputs live under `<data root>/runs/criteo_dlrm/<run id>/`.
 """
@@ -38,6 +39,7 @@ from tasks.criteo.preprocess import ENGINE_ENV, PREPROCESS_ENGINES
 from tasks.dagkit import (DEFAULT_ARGS, SPARK_TASK, TRAIN_TASK, device_param, engine_param, knob_params,
                           profile_param, release_params, spark_master)
 from tasks.release.steps import failure_callback
+from tasks.dagkit.docs import document
 
 
 record_failure = failure_callback("criteo_dlrm")
@@ -52,7 +54,6 @@ record_failure = failure_callback("criteo_dlrm")
     max_active_runs=1,
     default_args=DEFAULT_ARGS,
     tags=["recflow", "criteo", "dlrm", "training"],
-    doc_md=__doc__,
     params={
         "profile": profile_param(PROFILES),
         "train_days": Param(None, type=["null", "string"], pattern=r"^\d+(-\d+)?(,\d+(-\d+)?)*$", title="Train days",
@@ -170,4 +171,4 @@ def criteo_dlrm():
     [gate(run, metrics), export(run, trained)] >> publish(run, metrics)
 
 
-criteo_dlrm()
+document(criteo_dlrm(), __doc__)

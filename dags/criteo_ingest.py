@@ -23,6 +23,7 @@ from tasks.criteo.retrain import TRAIN_DAG, decide_retrain
 from tasks.criteo.settings import load_criteo_settings
 from tasks.dagkit import DEFAULT_ARGS, DOWNLOAD_TASK, SPARK_TASK, fail_without_retry, spark_master
 from tasks.dagkit.retrain import TriggerWhenReady
+from tasks.dagkit.docs import document
 
 
 @dag(
@@ -35,7 +36,6 @@ from tasks.dagkit.retrain import TriggerWhenReady
     max_active_runs=3,
     default_args=DEFAULT_ARGS,
     tags=["recflow", "criteo", "ingest"],
-    doc_md=__doc__,
     params={
         "day": Param(None, type=["null", "integer"], minimum=0, maximum=10_000, title="Criteo day",
                      description="Day index to ingest. Empty = the logical date's day: for a trigger from this "
@@ -95,4 +95,4 @@ def criteo_ingest():
     stats >> TriggerWhenReady(task_id="retrain_gate", trigger_dag_id=TRAIN_DAG, decide=decide_retrain).as_teardown()
 
 
-criteo_ingest()
+document(criteo_ingest(), __doc__)

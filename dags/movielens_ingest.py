@@ -23,6 +23,7 @@ from tasks.core.config import load_settings
 from tasks.dagkit import DEFAULT_ARGS, DOWNLOAD_TASK, fail_without_retry
 from tasks.movielens.dagkit import MOVIELENS_RATINGS, announcement
 from tasks.movielens.schema import DATASETS
+from tasks.dagkit.docs import document
 
 
 @dag(
@@ -32,7 +33,6 @@ from tasks.movielens.schema import DATASETS
     max_active_runs=1,
     default_args=DEFAULT_ARGS,
     tags=["recflow", "movielens", "ingest"],
-    doc_md=__doc__,
     params={
         "dataset": Param(None, type=["null", "string"], enum=[None, *DATASETS], title="Snapshot",
                          values_display={"None": "(the deployment's RECFLOW_MOVIELENS_DATASET)"},
@@ -85,4 +85,4 @@ def movielens_ingest():
     announce(downloaded, validate(downloaded))
 
 
-movielens_ingest()
+document(movielens_ingest(), __doc__)

@@ -14,9 +14,8 @@ mappings) → `publish` (a self-contained version: weights, id mappings, the ite
 last). `python -m tasks.movielens.predict recommend` gives any published version's top-k movies for a user.
 
 Configuration: a `profile` (`full`: NVIDIA's recipe, the default of asset-triggered runs; `demo`: one CPU machine)
-gives every knob a value; a knob param left empty takes the profile's. Schedule: runs when `movielens_ingest`
-announces a newly validated snapshot (the `movielens_ratings` asset); an asset-triggered run whose snapshot was
-already trained with the same profile does nothing. Outputs live under `<data root>/runs/movielens_ncf/<run id>/`.
+gives every knob a value; a knob param left empty takes the profile's. `movielens_ingest` announces each newly validated
+snapshot on the `movielens_ratings` asset; a run for a snapshot that was already trained with the same profile does nothing. Outputs live under `<data root>/runs/movielens_ncf/<run id>/`.
 """
 
 from __future__ import annotations
@@ -31,6 +30,7 @@ from tasks.movielens.dagkit import MOVIELENS_RATINGS, snapshot_of_run
 from tasks.movielens.profiles import KNOBS, PROFILES
 from tasks.movielens.schema import DATASETS
 from tasks.release.steps import failure_callback
+from tasks.dagkit.docs import document
 
 record_failure = failure_callback("movielens_ncf")
 
@@ -42,7 +42,6 @@ record_failure = failure_callback("movielens_ncf")
     max_active_runs=1,
     default_args=DEFAULT_ARGS,
     tags=["recflow", "movielens", "ncf", "training"],
-    doc_md=__doc__,
     params={
         "profile": profile_param(PROFILES),
         "dataset": Param(None, type=["null", "string"], enum=[None, *DATASETS], title="Snapshot",
@@ -77,4 +76,4 @@ def movielens_ncf():
     metrics = shared.evaluate(run, trained)
     shared.gate(run, metrics) >> shared.publish(run, metrics)
 
-movielens_ncf()
+document(movielens_ncf(), __doc__)

@@ -24,6 +24,7 @@ from airflow.sdk import CronTriggerTimetable, Param, dag, task
 from tasks.core.config import load_settings
 from tasks.dagkit import DEFAULT_ARGS, DOWNLOAD_TASK, fail_without_retry
 from tasks.outbrain.dagkit import OUTBRAIN_CLICKS, announcement
+from tasks.dagkit.docs import document
 
 SNAPSHOT_NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
 
@@ -35,7 +36,6 @@ SNAPSHOT_NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
     max_active_runs=1,
     default_args=DEFAULT_ARGS,
     tags=["recflow", "outbrain", "ingest"],
-    doc_md=__doc__,
     params={
         "snapshot": Param(None, type=["null", "string"], pattern=SNAPSHOT_NAME, title="Snapshot",
                           description="Name under which the files are kept. Empty = RECFLOW_OUTBRAIN_SNAPSHOT "
@@ -85,4 +85,4 @@ def outbrain_ingest():
     announce(downloaded, validate(downloaded))
 
 
-outbrain_ingest()
+document(outbrain_ingest(), __doc__)

@@ -16,9 +16,8 @@ feature statistics; `latest` moved last). `python -m tasks.outbrain.predict` sco
 published version.
 
 Configuration: a `profile` (`full`: NVIDIA's recipe, the default of asset-triggered runs; `demo`: one CPU machine)
-gives every knob a value; a knob param left empty takes the profile's. Schedule: runs when `outbrain_ingest`
-announces a newly validated snapshot (the `outbrain_clicks` asset); an asset-triggered run whose snapshot was
-already trained with the same profile does nothing. Outputs live under `<data root>/runs/outbrain_wide_deep/<run id>/`.
+gives every knob a value; a knob param left empty takes the profile's. `outbrain_ingest` announces each newly validated
+snapshot on the `outbrain_clicks` asset; a run for a snapshot that was already trained with the same profile does nothing. Outputs live under `<data root>/runs/outbrain_wide_deep/<run id>/`.
 """
 
 from __future__ import annotations
@@ -32,6 +31,7 @@ from tasks.dagkit.snapshot_training import snapshot_training_tasks
 from tasks.outbrain.dagkit import OUTBRAIN_CLICKS, snapshot_of_run
 from tasks.outbrain.profiles import KNOBS, PROFILES
 from tasks.release.steps import failure_callback
+from tasks.dagkit.docs import document
 
 record_failure = failure_callback("outbrain_wide_deep")
 
@@ -43,7 +43,6 @@ record_failure = failure_callback("outbrain_wide_deep")
     max_active_runs=1,
     default_args=DEFAULT_ARGS,
     tags=["recflow", "outbrain", "wide_deep", "training"],
-    doc_md=__doc__,
     params={
         "profile": profile_param(PROFILES),
         "snapshot": Param(None, type=["null", "string"], pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$",
@@ -82,4 +81,4 @@ def outbrain_wide_deep():
     metrics = shared.evaluate(run, trained)
     shared.gate(run, metrics) >> shared.publish(run, metrics)
 
-outbrain_wide_deep()
+document(outbrain_wide_deep(), __doc__)
