@@ -36,6 +36,7 @@ import contextlib
 import inspect
 import json
 import logging
+import os
 import sys
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -577,6 +578,11 @@ def run_command(args: argparse.Namespace, argv: list[str]) -> int:
                               "started_utc": datetime.now(timezone.utc).isoformat(timespec="seconds")}
     started = time.monotonic()
     try:
+        if getattr(args, "profile", None) and not os.environ.get("RECFLOW_PROFILE"):
+            # A command line is the operator's, not a trigger form's: its --profile is the deployment's profile for
+            # this run, so a `--profile demo` run gates at the demo's release thresholds (tasks.core.profiles lets a
+            # form only tighten the deployment's; the operator sets the deployment).
+            os.environ["RECFLOW_PROFILE"] = args.profile
         settings = settings_for(args)
         report["data_root"] = str(settings.data_root)
         log.info("recflow %s (data root %s)", command, settings.data_root)

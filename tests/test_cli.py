@@ -152,6 +152,24 @@ def test_a_missing_upstream_step_is_one_line_and_exit_1(tmp_path, capsys):
     assert [(r["step"], r["result"], r["error"]) for r in doc["steps"]] == [("resolve_run", None, doc["error"])]
 
 
+def test_a_command_lines_profile_is_the_deployments_so_demo_runs_gate_at_the_demos_thresholds(tmp_path, capsys,
+                                                                                              monkeypatch):
+    # No release limits set: a trigger form asking for profile demo on a full deployment is refused (its min_auc is
+    # looser), but the operator's own `--profile demo` sets the deployment's profile and gets past resolve_run.
+    monkeypatch.delenv("RECFLOW_RELEASE_MIN_VALUE", raising=False)
+    monkeypatch.delenv("RECFLOW_RELEASE_MAX_REGRESSION", raising=False)
+    monkeypatch.setenv("RECFLOW_PROFILE", "")  # restored after the test, whatever the command line set
+    from tasks.core.profiles import ReleaseThresholdLoosened, resolve_knobs
+    from tasks.criteo.profiles import KNOBS, PROFILES
+
+    with pytest.raises(ReleaseThresholdLoosened):
+        resolve_knobs(KNOBS, PROFILES, "demo", {})
+    code = cli.main(["criteo", "preprocess", "--profile", "demo", "--train-days", "0-1", "--test-day", "2",
+                     "--data-root", str(tmp_path / "empty")])
+    assert code == 1
+    assert capsys.readouterr().err.strip().splitlines()[-1].endswith("run criteo_ingest for them")
+
+
 def test_an_absent_source_is_one_line_and_exit_1(tmp_path, capsys):
     code = cli.main(["--data-root", str(tmp_path), "criteo", "ingest", "--days", "0-1"])
     err = capsys.readouterr().err
