@@ -270,7 +270,9 @@ def assert_nothing_partial_marked_complete(root: Path) -> list[str]:
         elif re.fullmatch(r"step_\d{8,}\.pt", path.name) or (path.name == "model.pt" and "versions" not in rel):
             from models.torchkit.checkpoint import CHECKPOINT_KIND, MODEL_KIND, safe_load
 
-            safe_load(path, CHECKPOINT_KIND if path.name != "model.pt" else MODEL_KIND)
+            # The last checkpoint is the run's model.pt (one write, hard-linked): a model file with a checkpoint
+            # section, which the trainer's resume reads as a checkpoint.
+            safe_load(path, (CHECKPOINT_KIND, MODEL_KIND) if path.name != "model.pt" else MODEL_KIND)
         elif path.suffix == ".json":
             json.loads(path.read_text())
         else:
