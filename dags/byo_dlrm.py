@@ -24,8 +24,9 @@ from airflow.sdk import Param, dag, task
 from tasks.byo.pipeline import ENGINE_ENV, TRANSCODE_ENGINES
 from tasks.byo.profiles import KNOBS, PROFILES
 from tasks.core.config import load_settings
-from tasks.dagkit import (DEFAULT_ARGS, DOWNLOAD_TASK, SPARK_TASK, TRAIN_TASK, device_param, engine_param,
-                          fail_without_retry, knob_params, profile_param, release_params, spark_master)
+from tasks.dagkit import (DEFAULT_ARGS, DOWNLOAD_TASK, SPARK_TASK, device_param, engine_param, fail_without_retry,
+                          knob_params, profile_param, release_params, spark_master)
+from tasks.dagkit.training import training_tasks
 from tasks.release.steps import failure_callback
 from tasks.dagkit.docs import document
 
@@ -61,13 +62,7 @@ record_failure = failure_callback("byo_dlrm")
     },
 )
 def byo_dlrm():
-    @task
-    def resolve_run(**context) -> dict:
-        from tasks.byo.pipeline import resolve_run as resolve
-        from tasks.core.config import NotAllowed
-        from tasks.core.download import DownloadError
-
-        return fail_without_retry(ValueError, NotAllowed, DownloadError)(resolve)(load_settings(), dict(context["params"]))
+    shared = training_tasks("tasks.byo.pipeline", record_failure=record_failure)
 
     @task(**DOWNLOAD_TASK)
     def fetch(run: dict, **context) -> dict:
@@ -99,45 +94,11 @@ def byo_dlrm():
 
         return fail_without_retry(DatasetInvalid)(check)(run_paths(load_settings(), context["run_id"]).dataset)
 
-    @task(**TRAIN_TASK)
-    def train(run: dict, validated: dict, **context) -> dict:
-        from tasks.byo.pipeline import train as run_training
-        from tasks.core.launch import ModelTooLarge
-        from tasks.dagkit import fail_without_retry
-
-        return fail_without_retry(ModelTooLarge)(run_training)(load_settings(), context["run_id"], run)
-
-    @task
-    def evaluate(trained: dict, **context) -> dict:
-        from tasks.byo.pipeline import evaluate as run_evaluation
-
-        return run_evaluation(load_settings(), context["run_id"])
-
-    @task.short_circuit(ignore_downstream_trigger_rules=False, on_failure_callback=record_failure)
-    def gate(run: dict, metrics: dict, **context) -> bool:
-        from tasks.byo.pipeline import gate as decide
-
-        params = context["params"]
-        return decide(load_settings(), context["run_id"], metrics, run, model_name=params["model_name"],
-                      aws_conn_id=params["aws_conn_id"])["passed"]
-
-    @task(on_failure_callback=record_failure)
-    def publish(run: dict, metrics: dict, **context) -> dict:
-        from tasks.byo.pipeline import lineage, publish as push_version
-        from tasks.core.config import NotAllowed
-
-        settings, params = load_settings(), context["params"]
-        doc = lineage(settings, context["run_id"], run, dict(params))
-        push = fail_without_retry(NotAllowed)(push_version)
-        return push(settings, context["run_id"], context["dag_run"].run_after, metrics, doc,
-                    model_name=params["model_name"], store_uri=params["publish_uri"] or None,
-                    aws_conn_id=params["aws_conn_id"])
-
-    run = resolve_run()
+    run = shared.resolve_run()
     dataset = transcode(validate(fetch(run)))
-    trained = train(run, validate_dataset(dataset))
-    metrics = evaluate(trained)
-    gate(run, metrics) >> publish(run, metrics)
+    trained = shared.train(run, validate_dataset(dataset))
+    metrics = shared.evaluate(run, trained)
+    shared.gate(run, metrics) >> shared.publish(run, metrics)
 
 
 document(byo_dlrm(), __doc__)

@@ -36,8 +36,9 @@ from airflow.sdk import CronTriggerTimetable, Param, dag, task
 from tasks.core.config import load_settings
 from tasks.criteo.profiles import KNOBS, PROFILES
 from tasks.criteo.preprocess import ENGINE_ENV, PREPROCESS_ENGINES
-from tasks.dagkit import (DEFAULT_ARGS, SPARK_TASK, TRAIN_TASK, device_param, engine_param, knob_params,
-                          profile_param, release_params, spark_master)
+from tasks.dagkit import (DEFAULT_ARGS, SPARK_TASK, device_param, engine_param, knob_params, profile_param,
+                          release_params, spark_master)
+from tasks.dagkit.training import training_tasks
 from tasks.release.steps import failure_callback
 from tasks.dagkit.docs import document
 
@@ -83,14 +84,7 @@ record_failure = failure_callback("criteo_dlrm")
     },
 )
 def criteo_dlrm():
-    @task.short_circuit
-    def resolve_run(**context) -> dict | None:
-        from tasks.criteo.dlrm import resolve_run as resolve
-        from tasks.dagkit import fail_without_retry
-
-        run_type = str(getattr(context["dag_run"].run_type, "value", context["dag_run"].run_type))
-        return fail_without_retry(ValueError)(resolve)(load_settings(), dict(context["params"]), run_type,
-                                                       spark_master=spark_master())
+    shared = training_tasks("tasks.criteo.dlrm", record_failure=record_failure)
 
     @task(**SPARK_TASK)
     def build_dictionary(run: dict, **context) -> dict:
@@ -123,52 +117,17 @@ def criteo_dlrm():
 
         return fail_without_retry(DatasetInvalid)(check)(run_paths(load_settings(), context["run_id"]).dataset)
 
-    @task(**TRAIN_TASK)
-    def train(run: dict, validated: dict, **context) -> dict:
-        from tasks.criteo.dlrm import train as run_training
-        from tasks.core.launch import ModelTooLarge
-        from tasks.dagkit import fail_without_retry
-
-        return fail_without_retry(ModelTooLarge)(run_training)(load_settings(), context["run_id"], run)
-
-    @task
-    def evaluate(run: dict, trained: dict, **context) -> dict:
-        from tasks.criteo.dlrm import evaluate as run_evaluation, framework_of
-
-        return run_evaluation(load_settings(), context["run_id"], framework=framework_of(run))
-
     @task
     def export(run: dict, trained: dict, **context) -> dict:
         from tasks.criteo.dlrm import export as export_model
 
         return export_model(load_settings(), context["run_id"], run)
 
-    @task.short_circuit(ignore_downstream_trigger_rules=False, on_failure_callback=record_failure)
-    def gate(run: dict, metrics: dict, **context) -> bool:
-        from tasks.criteo.dlrm import gate as decide
-
-        params = context["params"]
-        return decide(load_settings(), context["run_id"], metrics, run, model_name=params["model_name"],
-                      aws_conn_id=params["aws_conn_id"])["passed"]
-
-    @task(on_failure_callback=record_failure)
-    def publish(run: dict, metrics: dict, **context) -> dict:
-        from tasks.core.config import NotAllowed
-        from tasks.criteo.dlrm import lineage, publish
-        from tasks.dagkit import fail_without_retry
-
-        settings, params = load_settings(), context["params"]
-        doc = lineage(settings, context["run_id"], run, dict(params))
-        push = fail_without_retry(NotAllowed)(publish)
-        return push(settings, context["run_id"], context["dag_run"].run_after, metrics, doc, run=run,
-                    model_name=params["model_name"], store_uri=params["publish_uri"] or None,
-                    aws_conn_id=params["aws_conn_id"])
-
-    run = resolve_run()
+    run = shared.resolve_run()
     dataset = transform(run, build_dictionary(run))
-    trained = train(run, validate_dataset(dataset))
-    metrics = evaluate(run, trained)
-    [gate(run, metrics), export(run, trained)] >> publish(run, metrics)
+    trained = shared.train(run, validate_dataset(dataset))
+    metrics = shared.evaluate(run, trained)
+    [shared.gate(run, metrics), export(run, trained)] >> shared.publish(run, metrics)
 
 
 document(criteo_dlrm(), __doc__)

@@ -25,7 +25,7 @@ from airflow.sdk import Param, dag, task
 from tasks.core.config import load_settings
 from tasks.dagkit import (DEFAULT_ARGS, SPARK_TASK, device_param, fail_without_retry, knob_params, profile_param,
                           release_params, spark_master, workers_param)
-from tasks.dagkit.snapshot_training import snapshot_training_tasks
+from tasks.dagkit.training import snapshot_params, training_tasks
 from tasks.movielens.dagkit import MOVIELENS_RATINGS, snapshot_of_run
 from tasks.movielens.profiles import KNOBS, PROFILES
 from tasks.movielens.schema import DATASETS
@@ -55,8 +55,8 @@ record_failure = failure_callback("movielens_ncf")
     },
 )
 def movielens_ncf():
-    shared = snapshot_training_tasks("tasks.movielens.ncf", snapshot_param="dataset",
-                                     snapshot_of_run=snapshot_of_run, record_failure=record_failure)
+    shared = training_tasks("tasks.movielens.ncf", params_of=snapshot_params("dataset", snapshot_of_run),
+                            record_failure=record_failure)
 
     @task(**SPARK_TASK)
     def preprocess(run: dict) -> dict:

@@ -27,7 +27,7 @@ from airflow.sdk import Param, dag, task
 from tasks.core.config import load_settings
 from tasks.dagkit import (DEFAULT_ARGS, SPARK_TASK, device_param, engine_param, fail_without_retry, knob_params,
                           profile_param, release_params, spark_master, workers_param)
-from tasks.dagkit.snapshot_training import snapshot_training_tasks
+from tasks.dagkit.training import snapshot_params, training_tasks
 from tasks.outbrain.dagkit import OUTBRAIN_CLICKS, snapshot_of_run
 from tasks.outbrain.profiles import KNOBS, PROFILES
 from tasks.release.steps import failure_callback
@@ -60,8 +60,8 @@ record_failure = failure_callback("outbrain_wide_deep")
     },
 )
 def outbrain_wide_deep():
-    shared = snapshot_training_tasks("tasks.outbrain.wide_deep", snapshot_param="snapshot",
-                                     snapshot_of_run=snapshot_of_run, record_failure=record_failure)
+    shared = training_tasks("tasks.outbrain.wide_deep", params_of=snapshot_params("snapshot", snapshot_of_run),
+                            record_failure=record_failure)
 
     @task(**SPARK_TASK)
     def features(run: dict) -> dict:

@@ -107,7 +107,7 @@ class Steps:
 
 def day_list(text: str) -> list[int]:
     """'3' -> [3]; '0-2,5' -> [0, 1, 2, 5]: the criteo_dlrm train_days param's syntax (tasks.criteo.dlrm)."""
-    from tasks.criteo.dlrm import parse_days
+    from tasks.criteo.window import parse_days
 
     try:
         return parse_days(text)

@@ -41,11 +41,11 @@ def published(tmp_path_factory) -> tuple[Settings, Path, dict]:
     spec_path = write_demo_source(root / "incoming", 3000, 1000, seed=21)
     run = _prepare(settings, "run_a", spec_path)
     pipeline.train(settings, "run_a", run)
-    metrics = pipeline.evaluate(settings, "run_a")
-    assert pipeline.gate(settings, "run_a", metrics, run, model_name="byo_gate_test")["passed"]
-    doc = pipeline.lineage(settings, "run_a", run, TINY)
-    pipeline.publish(settings, "run_a", datetime(2026, 11, 27, tzinfo=timezone.utc), metrics, doc,
-                     model_name="byo_gate_test")
+    metrics = pipeline.evaluate(settings, "run_a", run)
+    assert pipeline.SPEC.gate(settings, "run_a", metrics, run, model_name="byo_gate_test")["passed"]
+    doc = pipeline.SPEC.lineage(settings, "run_a", run, TINY)
+    pipeline.SPEC.publish(settings, "run_a", datetime(2026, 11, 27, tzinfo=timezone.utc), metrics, doc,
+                          run=run, model_name="byo_gate_test")
     return settings, spec_path, metrics
 
 
@@ -53,12 +53,12 @@ def test_the_gate_scores_the_published_byo_model_on_the_candidates_rows(publishe
     settings, spec_path, metrics_a = published
     run = _prepare(settings, "run_b", spec_path)
     candidate = {**metrics_a, "auc": metrics_a["auc"] - 0.005}  # within max_regression of A
-    record = pipeline.gate(settings, "run_b", candidate, run, model_name="byo_gate_test")
+    record = pipeline.SPEC.gate(settings, "run_b", candidate, run, model_name="byo_gate_test")
     assert record["baseline_basis"].endswith(f"scored on the same {metrics_a['rows']} test rows"), record
     assert record["baseline_metrics"]["auc"] == metrics_a["auc"]  # A on the same rows: its own AUC, exactly
     assert record["baseline_metrics"]["rows"] == metrics_a["rows"]
     assert record["passed"]
-    worse = pipeline.gate(settings, "run_b", {**metrics_a, "auc": metrics_a["auc"] - 0.05}, run,
+    worse = pipeline.SPEC.gate(settings, "run_b", {**metrics_a, "auc": metrics_a["auc"] - 0.05}, run,
                           model_name="byo_gate_test")
     assert not worse["passed"] and "scored on the same" in worse["baseline_basis"]
 
@@ -71,6 +71,6 @@ def test_a_published_model_of_another_layout_is_compared_by_its_recorded_auc(pub
     lines[0] = "1,4321,1"  # an `auto` cardinality grows: another embedding table size
     catpart.write_text("\n".join(lines) + "\n")
     run = _prepare(settings, "run_c", wider)
-    record = pipeline.gate(settings, "run_c", metrics_a, run, model_name="byo_gate_test")
+    record = pipeline.SPEC.gate(settings, "run_c", metrics_a, run, model_name="byo_gate_test")
     assert "recorded auc" in record["baseline_basis"] and "another layout" in record["baseline_basis"], record
     assert record["baseline_auc"] == pytest.approx(metrics_a["auc"])

@@ -8,7 +8,10 @@ from pathlib import Path
 import pytest
 
 from tasks.core.config import Settings
-from tasks.criteo.dlrm import PIPELINE, open_registry, record_failure
+from tasks.criteo.dlrm import PIPELINE, SPEC
+from tasks.release.steps import open_registry
+
+record_failure = SPEC.record_failure
 
 
 @pytest.fixture

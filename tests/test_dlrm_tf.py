@@ -300,12 +300,12 @@ def test_criteo_dlrm_steps_train_evaluate_and_export_with_tensorflow(dataset: Pa
     run = {"knobs": knobs, "device": "cpu", "nproc": 1, "framework": "tensorflow", "train_days": [0], "test_day": 1}
     trained = steps.train(settings, "manual__tf", run)
     assert trained["model_path"].endswith("model.weights.h5") and trained["metrics"]["framework"] == "tensorflow"
-    metrics = steps.evaluate(settings, "manual__tf", framework="tensorflow")
+    metrics = steps.evaluate(settings, "manual__tf", run, trained)
     assert metrics["rows"] == 5_003 and metrics["auc"] == pytest.approx(trained["metrics"]["auc"], abs=1e-6)
     exported = steps.export(settings, "manual__tf", run)
     assert exported["model_file"].endswith("model.savedmodel")
     with pytest.raises(FileNotFoundError) as missing:  # no dictionary values or gate record in this test
-        steps.publishable_files(settings, "manual__tf", "tensorflow")
+        steps.SPEC.publishable_files(settings, "manual__tf", run)
     assert "model.weights.h5" not in str(missing.value) and "model.pt" not in str(missing.value)
     assert "gate.json" in str(missing.value)
     # Until tasks.criteo.predict loads Keras weights, publish refuses a version it could not score (one line).

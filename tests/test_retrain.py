@@ -11,7 +11,8 @@ import pytest
 from tasks.core.config import Settings
 from tasks.core.storage import Manifest, write_manifest
 from tasks.criteo import layout
-from tasks.criteo.dlrm import PIPELINE, open_registry
+from tasks.criteo.dlrm import PIPELINE
+from tasks.release.steps import open_registry
 from tasks.criteo.retrain import decide_retrain, newest_complete_window, plan_run, retrain_run_id
 from tasks.dagkit.retrain import TriggerDecision
 

@@ -12,16 +12,16 @@ import json
 import logging
 import os
 import time
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
-from tasks.core.config import Settings, code_version
-from tasks.core.layout import run_dir
+from tasks.core.config import NotAllowed, Settings
+from tasks.core.download_sources import DownloadError
 from tasks.core.profiles import dlrm_model_config
 from tasks.core.storage import completed_manifest, fingerprint, read_manifest
 from tasks.release import runs
+from tasks.release.pipeline import TrainingPipeline
 
 log = logging.getLogger(__name__)
 
@@ -59,10 +59,6 @@ class RunPaths(runs.RunPaths):
         return self.root / "dataset"
 
 
-def run_paths(settings: Settings, run_id: str) -> RunPaths:
-    return RunPaths(run_dir(settings.data_root, PIPELINE, run_id))
-
-
 def model_config(knobs: dict[str, Any], device: str) -> dict[str, Any]:
     """DlrmConfig fields from the resolved knobs (tasks.core.profiles.dlrm_model_config)."""
     from tasks.byo.profiles import MODEL_KNOBS
@@ -83,7 +79,8 @@ def allow_lists(settings: Settings) -> dict[str, tuple]:
             "allowed_prefixes": settings.allowed_source_prefixes()}
 
 
-def resolve_run(settings: Settings, params: dict[str, Any]) -> dict[str, Any]:
+def resolve_run(settings: Settings, params: dict[str, Any], run_type: str = "manual", *,
+                spark_master: str | None = None) -> dict[str, Any]:
     """What this run reads and trains with: the spec URI and data base URI (checked against the allow-lists before
     any I/O), the profile and every knob's value, device and process count. Returned to XCom."""
     from tasks.byo.profiles import KNOBS, PROFILES
@@ -234,7 +231,8 @@ def train(settings: Settings, run_id: str, run: dict[str, Any]) -> dict[str, Any
                                label=f"train {run_id}", memory=dlrm_memory_need(paths.dataset, config))
 
 
-def evaluate(settings: Settings, run_id: str, mapping: str = "test") -> dict[str, Any]:
+def evaluate(settings: Settings, run_id: str, run: dict[str, Any], trained: dict[str, Any] | None = None,
+             mapping: str = "test") -> dict[str, Any]:
     from tasks.core.launch import evaluate_in_child
 
     paths = run_paths(settings, run_id)
@@ -248,8 +246,8 @@ def _scorable(files: list[str]) -> list[str]:
     return [name for name in ("model.pt", SPEC_FILE) if name not in files]
 
 
-def score_published(settings: Settings, run_id: str, version_uri: str, *, aws_conn_id: str | None = None
-                    ) -> dict[str, Any]:
+def score_published(settings: Settings, run_id: str, version_uri: str, run: dict[str, Any], metrics: dict[str, Any],
+                    *, aws_conn_id: str | None = None) -> dict[str, Any]:
     """AUC / logloss of a published version on this run's test mapping (the same rows as the candidate's). Only a
     version trained on the same layout (same numerical count and cardinalities) can read these rows; any other is
     FileNotFoundError, and the gate then compares by its recorded metric and says so."""
@@ -269,51 +267,36 @@ def score_published(settings: Settings, run_id: str, version_uri: str, *, aws_co
                              label=f"gate {run_id}")
 
 
-def gate(settings: Settings, run_id: str, metrics: dict[str, Any], run: dict[str, Any], *, model_name: str,
-         registry_conn_id: str | None = None, aws_conn_id: str | None = None) -> dict[str, Any]:
-    """AUC >= min_auc, and not worse than the production model by more than max_regression on this run's test
-    rows (tasks.release.steps.gate_run)."""
-    from tasks.core.download_sources import redacted_url
-    from tasks.release.steps import gate_run
-
-    knobs = run["knobs"]
-    return gate_run(settings, pipeline=PIPELINE, dataset=DATASET, run_id=run_id, model_name=model_name,
-                    metrics=metrics, metric="auc", min_value=knobs["min_auc"],
-                    max_regression=knobs["max_regression"],
-                    window={"spec_uri": redacted_url(run["spec_uri"]), "data_uri": redacted_url(run["data_uri"])},
-                    config_hash=fingerprint(model_config(knobs, run["device"])),
-                    gate_dir=run_paths(settings, run_id).gate, registry_conn_id=registry_conn_id,
-                    score_production=lambda uri: score_published(settings, run_id, uri, aws_conn_id=aws_conn_id))
-
-
-def lineage(settings: Settings, run_id: str, run: dict[str, Any], params: dict[str, Any]) -> dict[str, Any]:
-    """Where the model came from: the URIs, every source file's sha256, the validation and dataset fingerprints,
-    profile and knobs, the params as triggered, code."""
+def provenance(settings: Settings, run_id: str, run: dict[str, Any], params: dict[str, Any]) -> dict[str, Any]:
+    """The URIs, every source file's sha256, the validation and dataset fingerprints, the model config."""
     from tasks.core.download_sources import redacted_url
 
     paths = run_paths(settings, run_id)
     validated = read_manifest(paths.validated) or {}
     dataset = read_manifest(paths.dataset) or {}
-    gate_file = paths.gate / "gate.json"
     return {
         # Presigned URLs sign a request: their query strings stay out of lineage and the registry (issue #24).
-        "pipeline": PIPELINE, "run_id": run_id, "spec_uri": redacted_url(run["spec_uri"]),
-        "data_uri": redacted_url(run["data_uri"]), "source_files": validated.get("inputs", {}).get("files"),
-        "profile": run["profile"], "knobs": run["knobs"],
+        "spec_uri": redacted_url(run["spec_uri"]), "data_uri": redacted_url(run["data_uri"]),
+        "source_files": validated.get("inputs", {}).get("files"),
         "params": {k: redacted_url(v) if k in ("spec_uri", "data_uri") and v else v for k, v in params.items()},
         "model_config": model_config(run["knobs"], run["device"]), "nproc": run["nproc"],
-        "code_version": code_version(), "validated": validated.get("inputs_fingerprint"),
-        "dataset": dataset.get("inputs_fingerprint"), "rows": dataset.get("rows"),
-        "features": dataset.get("extra", {}).get("features"),
-        "gate": json.loads(gate_file.read_text()) if gate_file.is_file() else None,
+        "validated": validated.get("inputs_fingerprint"), "dataset": dataset.get("inputs_fingerprint"),
+        "rows": dataset.get("rows"), "features": dataset.get("extra", {}).get("features"),
     }
 
 
-def publishable_files(settings: Settings, run_id: str) -> dict[str, Path]:
+def window(run: dict[str, Any]) -> dict[str, Any]:
+    """What the registry records of a run's inputs: its URIs, without a presigned URL's signature."""
+    from tasks.core.download_sources import redacted_url
+
+    return {"spec_uri": redacted_url(run["spec_uri"]), "data_uri": redacted_url(run["data_uri"])}
+
+
+def version_files(settings: Settings, run_id: str, run: dict[str, Any]) -> dict[str, Path]:
     """Weights, the dataset's split-binary FeatureSpec (what the model reads), the user's CSV spec (how its
     features were renamed), the training curves and log, and the gate's record."""
     paths = run_paths(settings, run_id)
-    files = {
+    return {
         "model.pt": paths.train / "model.pt",
         SPEC_FILE: paths.dataset / SPEC_FILE,
         "source_feature_spec.yaml": paths.source / SPEC_FILE,
@@ -321,19 +304,11 @@ def publishable_files(settings: Settings, run_id: str) -> dict[str, Path]:
         "train_log.jsonl": paths.train / "train_log.jsonl",
         "gate.json": paths.gate / "gate.json",
     }
-    missing = [str(p) for p in files.values() if not p.is_file()]
-    if missing:
-        raise FileNotFoundError(f"cannot publish {run_id}: missing {', '.join(missing)}")
-    return files
 
 
-def publish(settings: Settings, run_id: str, when: datetime, metrics: dict[str, Any], lineage_doc: dict[str, Any],
-            *, model_name: str, store_uri: str | None = None, aws_conn_id: str | None = None,
-            registry_conn_id: str | None = None) -> dict[str, Any]:
-    """Upload a self-contained version, then move latest (tasks.release.steps.publish_run)."""
-    from tasks.release.steps import publish_run
-
-    return publish_run(settings, pipeline=PIPELINE, run_id=run_id, when=when, metrics=metrics,
-                       lineage_doc=lineage_doc, files=lambda: publishable_files(settings, run_id),
-                       model_name=model_name, store_uri=store_uri, aws_conn_id=aws_conn_id,
-                       registry_conn_id=registry_conn_id)
+SPEC = TrainingPipeline(
+    name=PIPELINE, dataset=DATASET, metric="auc", floor_knob="min_auc", resolve_run=resolve_run, train=train,
+    evaluate=evaluate, score_published=score_published, window=window,
+    trainer_config=lambda run: model_config(run["knobs"], run["device"]), files=version_files,
+    provenance=provenance, paths=RunPaths, bad_input=(ValueError, NotAllowed, DownloadError))
+run_paths = SPEC.run_paths

@@ -1,21 +1,20 @@
-"""The criteo_dlrm steps that are not preprocessing: the run's window and knobs, run paths, train, evaluate, gate
-against the published model, and publish with lineage. Plain functions; the DAG only wires them."""
+"""The criteo_dlrm steps that are not preprocessing: the run's window (tasks/criteo/window.py, retrain.py) and knobs,
+train, evaluate, export, and what the shared gate / lineage / publish need of this pipeline (`SPEC`, a
+tasks.release.pipeline.TrainingPipeline). Plain functions; the DAG only wires them."""
 
 from __future__ import annotations
 
 import json
 import logging
-import re
-from dataclasses import dataclass
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from tasks.core.layout import run_dir
 from tasks.core.profiles import dlrm_model_config
 from tasks.criteo import layout
-from tasks.core.config import Settings, code_version
-from tasks.core.storage import file_sha256, fingerprint, read_manifest, write_text_atomic
+from tasks.core.config import Settings
+from tasks.core.storage import file_sha256, read_manifest, write_text_atomic
+from tasks.release import runs
+from tasks.release.pipeline import TrainingPipeline, require_files, score_with_predict
 
 log = logging.getLogger(__name__)
 
@@ -31,71 +30,6 @@ FRAMEWORKS: dict[str, tuple[str, str, str, tuple[str, ...]]] = {
                    ("model.weights.h5", "model_config.json")),
 }
 PREDICT_MODULE = "tasks.criteo.predict"
-_DAY_RANGES = re.compile(r"^\s*\d+(\s*-\s*\d+)?(\s*,\s*\d+(\s*-\s*\d+)?)*\s*$")
-
-
-def parse_days(text: str, *, max_days: int | None = None, max_day: int | None = None) -> list[int]:
-    """'0-2,5' -> [0, 1, 2, 5]. Raises ValueError with the offending text. Bounded before anything is expanded: at
-    most `max_days` days in all and no day above `max_day` (None: the deployment's RECFLOW_MAX_WINDOW_DAYS /
-    RECFLOW_MAX_DAY_INDEX), so '0-300000000' is one line, not a list of 300 million days."""
-    if not _DAY_RANGES.match(text or ""):
-        raise ValueError(f"train days {text!r} are not a list of days or ranges like '0-22' or '0-3,5'")
-    if max_days is None or max_day is None:
-        from tasks.core.config import load_settings
-
-        settings = load_settings()
-        max_days = settings.max_window_days if max_days is None else max_days
-        max_day = settings.max_day_index if max_day is None else max_day
-    ranges = []
-    for part in text.split(","):
-        first, _, last = part.strip().partition("-")
-        lo, hi = int(first), int(last or first)
-        if hi < lo:
-            raise ValueError(f"day range {part.strip()!r} runs backwards")
-        if hi > max_day:
-            raise ValueError(f"train days {_clipped(text)}: day {hi} is past the last day a run may name, {max_day} "
-                             "(RECFLOW_MAX_DAY_INDEX)")
-        ranges.append((lo, hi))
-    named = sum(hi - lo + 1 for lo, hi in ranges)  # an upper bound of the distinct days, computed without them
-    if named > max_days:
-        raise ValueError(f"train days {_clipped(text)} name {named} days, more than the {max_days} a window may hold "
-                         "(RECFLOW_MAX_WINDOW_DAYS)")
-    return sorted({day for lo, hi in ranges for day in range(lo, hi + 1)})
-
-
-def _clipped(text: str, limit: int = 60) -> str:
-    return repr(text if len(text) <= limit else text[:limit] + "…")
-
-
-def ingested_days(settings: Settings) -> list[int]:
-    """Days whose day_stats output is complete (has a manifest), ascending."""
-    stats_root = layout.stats_root(settings.data_root)
-    days = []
-    for path in stats_root.glob("day=*"):
-        suffix = path.name.removeprefix("day=")
-        if suffix.isdigit() and read_manifest(path) is not None:
-            days.append(int(suffix))
-    return sorted(days)
-
-
-def resolve_window(settings: Settings, train_days: str, test_day: int | None, window_days: int) -> dict[str, Any]:
-    """The run's training window. Explicit params win; otherwise the newest ingested day is the test day and the
-    `window_days` days before it are the train days (scheduled and asset-triggered retraining use this)."""
-    if test_day is None:
-        available = ingested_days(settings)
-        if not available:
-            raise ValueError(f"no ingested Criteo day under {settings.data_root}: run criteo_ingest first")
-        test_day = available[-1]
-    days = parse_days(train_days) if train_days else list(range(max(0, test_day - window_days), test_day))
-    if not days:
-        raise ValueError(f"no train days before test day {test_day} (window of {window_days} days)")
-    if test_day in days:
-        raise ValueError(f"test day {test_day} is also a train day ({train_days})")
-    missing = [d for d in [*days, test_day] if read_manifest(layout.stats_day(settings.data_root, d)) is None]
-    if missing:
-        raise ValueError(f"days {missing} are not ingested (no day_stats manifest): run criteo_ingest for them")
-    log.info("training window: train days %s, test day %d", days, test_day)
-    return {"train_days": days, "test_day": test_day}
 
 
 def resolve_run(settings: Settings, params: dict[str, Any], run_type: str = "manual", *,
@@ -142,9 +76,9 @@ def _framework_record(run: dict[str, Any]) -> dict[str, Any]:
     return {} if framework == "pytorch" else {"framework": framework}
 
 
-@dataclass(frozen=True)
-class RunPaths:
-    root: Path
+class RunPaths(runs.RunPaths):
+    """A criteo_dlrm run's folders: the generic training ones (train, eval, gate) plus its dictionary, dataset and
+    serving export."""
 
     @property
     def dictionary(self) -> Path:
@@ -155,26 +89,9 @@ class RunPaths:
         return self.root / "dataset"
 
     @property
-    def train(self) -> Path:
-        return self.root / "train"
-
-    @property
-    def evaluation(self) -> Path:
-        return self.root / "eval"
-
-    @property
     def export(self) -> Path:
         """The serving export: a Triton model repository (models.dlrm.export)."""
         return self.root / "export"
-
-    @property
-    def gate(self) -> Path:
-        """The gate's record: gate.json, and the production model's scores on this run's test rows."""
-        return self.root / "gate"
-
-
-def run_paths(settings: Settings, run_id: str) -> RunPaths:
-    return RunPaths(run_dir(settings.data_root, PIPELINE, run_id))
 
 
 def model_config(knobs: dict[str, Any], device: str) -> dict[str, Any]:
@@ -199,11 +116,12 @@ def train(settings: Settings, run_id: str, run: dict[str, Any]) -> dict[str, Any
                                label=f"train {run_id}", memory=memory)
 
 
-def evaluate(settings: Settings, run_id: str, mapping: str = "test", framework: str = "pytorch") -> dict[str, Any]:
+def evaluate(settings: Settings, run_id: str, run: dict[str, Any], trained: dict[str, Any] | None = None,
+             mapping: str = "test") -> dict[str, Any]:
     from tasks.core.launch import evaluate_in_child
 
     paths = run_paths(settings, run_id)
-    _, module, _, weights = FRAMEWORKS[framework]
+    _, module, _, weights = FRAMEWORKS[framework_of(run)]
     metrics = evaluate_in_child(module, paths.train / weights[0], paths.dataset, paths.evaluation,
                                 mapping=mapping, label=f"evaluate {run_id}")
     log.info("test AUC %.4f, logloss %.4f on %d rows", metrics["auc"], metrics["logloss"], metrics["rows"])
@@ -237,53 +155,24 @@ def export(settings: Settings, run_id: str, run: dict[str, Any]) -> dict[str, An
     return json.loads(done.read_text())
 
 
-def open_registry(settings: Settings, conn_id: str | None = None):
-    """The deployment's model registry (tasks.release.steps.open_registry)."""
-    from tasks.release.steps import open_registry as open_deployment_registry
-
-    return open_deployment_registry(settings, conn_id)
-
-
-def score_published(settings: Settings, run_id: str, version_uri: str, run: dict[str, Any], rows: int,
+def score_published(settings: Settings, run_id: str, version_uri: str, run: dict[str, Any], metrics: dict[str, Any],
                     *, aws_conn_id: str | None = None) -> dict[str, Any]:
-    """AUC / logloss of a published version on this run's test rows: the first `rows` good rows of the test day's
-    raw file (exactly the rows of the run's `test` mapping), scored through the version's own dictionary by
-    `predict` in a child process (the production model may be large; the Airflow worker never loads torch)."""
-    from tasks.core.launch import run_module
+    """AUC / logloss of a published version on this run's test rows: the first metrics["rows"] good rows of the test
+    day's raw file (exactly the rows of the run's `test` mapping), scored through the version's own dictionary by
+    `predict` in a child process."""
     from tasks.criteo.predict import missing_for_scoring
-    from tasks.release.steps import fetch_production
 
-    # Fetched here, with the task's connection; the child only reads the local copy.
-    local = fetch_production(settings, version_uri, layout.models_cache(settings.data_root),
-                             aws_conn_id=aws_conn_id, required=missing_for_scoring)
-    out = run_paths(settings, run_id).gate / "production_metrics.json"
-    args = ["--model-dir", str(local), "--input", str(layout.raw_day(settings.data_root, run["test_day"])),
-            "--limit-rows", str(rows), "--bad-row-budget", "1.0", "--metrics-out", str(out)]
-    run_module(PREDICT_MODULE, args, label=f"gate {run_id}", what=f"scoring production {version_uri}")
-    return json.loads(out.read_text())["metrics"]
+    return score_with_predict(settings, run_id, version_uri, paths=run_paths(settings, run_id),
+                              cache_dir=layout.models_cache(settings.data_root), required=missing_for_scoring,
+                              predict_module=PREDICT_MODULE, aws_conn_id=aws_conn_id,
+                              args=lambda local: ["--model-dir", str(local), "--input",
+                                                  str(layout.raw_day(settings.data_root, run["test_day"])),
+                                                  "--limit-rows", str(int(metrics["rows"])),
+                                                  "--bad-row-budget", "1.0"])
 
 
-def gate(settings: Settings, run_id: str, metrics: dict[str, Any], run: dict[str, Any], *, model_name: str,
-         registry_conn_id: str | None = None, aws_conn_id: str | None = None) -> dict[str, Any]:
-    """Decide whether this model may be published (tasks.release.steps.gate_run): AUC >= min_auc, and not worse
-    than the production model by more than max_regression on the same rows, the production model scored on this
-    run's test rows through its own published dictionary."""
-    from tasks.release.steps import gate_run
-
-    knobs = run["knobs"]
-    return gate_run(settings, pipeline=PIPELINE, dataset=DATASET, run_id=run_id, model_name=model_name,
-                    metrics=metrics, metric="auc", min_value=knobs["min_auc"],
-                    max_regression=knobs["max_regression"],
-                    window={"train_days": run["train_days"], "test_day": run["test_day"]},
-                    config_hash=fingerprint({**model_config(knobs, run["device"]), **_framework_record(run)}),
-                    gate_dir=run_paths(settings, run_id).gate, registry_conn_id=registry_conn_id,
-                    score_production=lambda uri: score_published(settings, run_id, uri, run, int(metrics["rows"]),
-                                                                 aws_conn_id=aws_conn_id))
-
-
-def lineage(settings: Settings, run_id: str, run: dict[str, Any], params: dict[str, Any]) -> dict[str, Any]:
-    """Where the model came from: days, their stats checksums, dictionary and dataset fingerprints, profile and
-    knobs, the params as triggered, code."""
+def provenance(settings: Settings, run_id: str, run: dict[str, Any], params: dict[str, Any]) -> dict[str, Any]:
+    """Days and their stats checksums, dictionary and dataset fingerprints, the model config."""
     paths = run_paths(settings, run_id)
     train_days, test_day = run["train_days"], run["test_day"]
     day_inputs = {}
@@ -292,25 +181,24 @@ def lineage(settings: Settings, run_id: str, run: dict[str, Any], params: dict[s
         day_inputs[str(day)] = {"stats_fingerprint": manifest.get("inputs_fingerprint"),
                                 "raw": manifest.get("inputs", {}).get("raw")}
     return {
-        "pipeline": PIPELINE, "run_id": run_id, "train_days": train_days, "test_day": test_day,
-        "profile": run["profile"], "knobs": run["knobs"], "params": params,
+        "train_days": train_days, "test_day": test_day,
         "model_config": model_config(run["knobs"], run["device"]), "nproc": run["nproc"],
-        "code_version": code_version(), "days": day_inputs, **_framework_record(run),
+        "days": day_inputs, **_framework_record(run),
         "dictionary": (read_manifest(paths.dictionary) or {}).get("inputs_fingerprint"),
         "dataset": (read_manifest(paths.dataset) or {}).get("inputs_fingerprint"),
-        "gate": json.loads((paths.gate / "gate.json").read_text()) if (paths.gate / "gate.json").is_file() else None,
     }
 
 
-def publishable_files(settings: Settings, run_id: str, framework: str = "pytorch") -> dict[str, Path]:
+def publishable_files(settings: Settings, run_id: str, run: dict[str, Any]) -> dict[str, Path]:
     """Everything a version needs to score raw rows on its own (tasks/criteo/predict.py) and to be served: weights
     (model.pt, or model.weights.h5 + model_config.json for TensorFlow), the dictionary (parquet),
     preprocessing.json, the FeatureSpec, the Triton repository (TorchScript or SavedModel), plus the training
-    curves, log and the gate's record. Raises FileNotFoundError naming what is missing."""
+    curves, log and the gate's record. Raises FileNotFoundError naming what is missing, then NotAllowed for a
+    version predict could not score (check_scorable)."""
     from spark_jobs.criteo.dictionary import DICTIONARY
     from tasks.criteo.predict import DICTIONARY_PREFIX, PREPROCESSING_FILE
 
-    paths = run_paths(settings, run_id)
+    paths, framework = run_paths(settings, run_id), framework_of(run)
     files = {
         **{name: paths.train / name for name in FRAMEWORKS[framework][3]},
         PREPROCESSING_FILE: paths.export / PREPROCESSING_FILE,
@@ -330,14 +218,10 @@ def publishable_files(settings: Settings, run_id: str, framework: str = "pytorch
     files |= {f"triton/{path.relative_to(paths.export).as_posix()}": path
               for path in sorted(paths.export.rglob("*"))
               if path.is_file() and path.name not in ("export.json", PREPROCESSING_FILE)}
-    missing = [str(p) for p in files.values() if not p.is_file()]
-    if not values:
-        missing.append(str(paths.dictionary / DICTIONARY / "*.parquet"))
+    missing = [] if values else [str(paths.dictionary / DICTIONARY / "*.parquet")]
     if not (paths.export / "dlrm" / "config.pbtxt").is_file():
         missing.append(str(paths.export / "dlrm" / "config.pbtxt"))
-    if missing:
-        raise FileNotFoundError(f"cannot publish {run_id}: missing {', '.join(missing)}")
-    return files
+    return check_scorable(require_files(run_id, files, missing), run_id, framework)
 
 
 def check_scorable(files: dict[str, Path], run_id: str, framework: str) -> dict[str, Path]:
@@ -354,22 +238,10 @@ def check_scorable(files: dict[str, Path], run_id: str, framework: str) -> dict[
     return files
 
 
-def publish(settings: Settings, run_id: str, when: datetime, metrics: dict[str, Any], lineage_doc: dict[str, Any],
-            *, run: dict[str, Any], model_name: str, store_uri: str | None = None, aws_conn_id: str | None = None,
-            registry_conn_id: str | None = None) -> dict[str, Any]:
-    """Upload a self-contained version (publishable_files, metrics, lineage); then move latest
-    (tasks.release.steps.publish_run)."""
-    from tasks.release.steps import publish_run
-
-    framework = framework_of(run)
-    return publish_run(settings, pipeline=PIPELINE, run_id=run_id, when=when, metrics=metrics, lineage_doc=lineage_doc,
-                       files=lambda: check_scorable(publishable_files(settings, run_id, framework), run_id, framework),
-                       model_name=model_name, store_uri=store_uri, aws_conn_id=aws_conn_id,
-                       registry_conn_id=registry_conn_id)
-
-
-def record_failure(settings: Settings, run_id: str, *, reason: str = "", registry_conn_id: str | None = None) -> bool:
-    """Mark a registered run of criteo_dlrm `failed` (tasks.release.steps.record_failure); never raises."""
-    from tasks.release.steps import record_failure as record
-
-    return record(settings, PIPELINE, run_id, reason=reason, registry_conn_id=registry_conn_id)
+SPEC = TrainingPipeline(
+    name=PIPELINE, dataset=DATASET, metric="auc", floor_knob="min_auc", resolve_run=resolve_run, train=train,
+    evaluate=evaluate, score_published=score_published,
+    window=lambda run: {"train_days": run["train_days"], "test_day": run["test_day"]},
+    trainer_config=lambda run: {**model_config(run["knobs"], run["device"]), **_framework_record(run)},
+    files=publishable_files, provenance=provenance, paths=RunPaths)
+run_paths = SPEC.run_paths

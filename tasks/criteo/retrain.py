@@ -14,10 +14,12 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from tasks.criteo.window import ingested_days, resolve_window
+
 log = logging.getLogger(__name__)
 
 INGEST_DAG = "criteo_ingest"
-TRAIN_DAG = "criteo_dlrm"
+TRAIN_DAG = "criteo_dlrm"  # also the pipeline its runs are registered under (tasks.criteo.dlrm.PIPELINE)
 
 
 def days_text(days: list[int]) -> str:
@@ -48,10 +50,9 @@ def newest_complete_window(landed: list[int], window_days: int) -> tuple[dict[st
 
 def last_trained_test_day(settings) -> int | None:
     """The newest test day of a criteo_dlrm run the registry records as trained (gated out and published count)."""
-    from tasks.criteo.dlrm import PIPELINE
     from tasks.release.runs import trained_windows
 
-    windows = trained_windows(settings, PIPELINE)
+    windows = trained_windows(settings, TRAIN_DAG)
     days = [w["test_day"] for w in windows if w.get("test_day") is not None]
     return max(days) if days else None
 
@@ -69,7 +70,6 @@ def retrain_run_id(window: dict[str, Any]) -> str:
 def decide_retrain(context: dict[str, Any]):
     """criteo_ingest's retrain gate: a TriggerDecision for criteo_dlrm, or the reason not to retrain now."""
     from tasks.core.config import load_settings
-    from tasks.criteo.dlrm import ingested_days
     from tasks.criteo.profiles import PROFILES
     from tasks.dagkit.retrain import UNFINISHED_TI_STATES, TriggerDecision
 
@@ -105,7 +105,6 @@ def plan_run(settings, params: dict[str, Any], window_days: int, run_type: str) 
     - explicit train_days / test_day without a reason: the operator's choice, trained as asked;
     - the cron safety net or an empty conf: the newest complete window, if it is newer than the last trained one.
     """
-    from tasks.criteo.dlrm import ingested_days, resolve_window
 
     if params.get("test_day") is not None or params.get("train_days"):
         window = resolve_window(settings, params.get("train_days") or "", params.get("test_day"), window_days)

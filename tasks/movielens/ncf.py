@@ -4,18 +4,17 @@ and publish with lineage. Plain functions; the DAG only wires them."""
 
 from __future__ import annotations
 
-import json
 import logging
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from tasks.core.config import Settings, code_version
+from tasks.core.config import Settings
 from tasks.core.layout import dataset_stage_dir
 from tasks.core.profiles import layer_sizes
 from tasks.core.storage import fingerprint, read_manifest
 from tasks.movielens import layout
-from tasks.release.runs import RunPaths, run_paths as snapshot_run_paths, validated_snapshot
+from tasks.release.pipeline import TrainingPipeline, score_with_predict
+from tasks.release.runs import SnapshotMissing, validated_snapshot
 
 log = logging.getLogger(__name__)
 
@@ -24,7 +23,6 @@ DATASET = layout.DATASET
 TRAIN_MODULE = "models.ncf.train"
 EVALUATE_MODULE = "models.ncf.evaluate"
 PREDICT_MODULE = "tasks.movielens.predict"
-METRIC = "hr@10"
 
 
 def snapshot_identity(settings: Settings, name: str) -> dict[str, Any]:
@@ -33,7 +31,8 @@ def snapshot_identity(settings: Settings, name: str) -> dict[str, Any]:
                               ingest_hint=f"run movielens_ingest with dataset={name} first")
 
 
-def resolve_run(settings: Settings, params: dict[str, Any], run_type: str = "manual") -> dict[str, Any] | None:
+def resolve_run(settings: Settings, params: dict[str, Any], run_type: str = "manual", *,
+                spark_master: str | None = None) -> dict[str, Any] | None:
     """What this run trains on and with, or None when there is nothing new (an asset-triggered or scheduled run
     whose snapshot and profile were trained already: the DAG then skips every later task); see
     tasks.release.runs.plan_snapshot_run. Bad MLP sizes are refused before any Spark work."""
@@ -62,10 +61,6 @@ def trainer_config(knobs: dict[str, Any], workers: int) -> dict[str, Any]:
         "limit_train_batches": knobs["limit_train_batches"],
         "checkpoint_every_steps": knobs["checkpoint_every_steps"],
     }
-
-
-def run_paths(settings: Settings, run_id: str) -> RunPaths:
-    return snapshot_run_paths(settings, PIPELINE, run_id)
 
 
 def dataset_dir(settings: Settings, run: dict[str, Any]) -> Path:
@@ -116,79 +111,47 @@ def evaluate(settings: Settings, run_id: str, run: dict[str, Any], trained: dict
     return {key: metrics[key] for key in ("hr@10", "ndcg@10", "random_hr@10", "random_ndcg@10", "users")}
 
 
-def score_published(settings: Settings, run_id: str, version_uri: str, run: dict[str, Any], *,
-                    aws_conn_id: str | None = None) -> dict[str, Any]:
+def score_published(settings: Settings, run_id: str, version_uri: str, run: dict[str, Any], metrics: dict[str, Any],
+                    *, aws_conn_id: str | None = None) -> dict[str, Any]:
     """HR@10 / NDCG@10 of a published version on this run's test rows: the candidates are mapped to raw ids through
     this run's id mappings and back through the version's own (a user or item it never saw cannot be ranked by
     it: its score is the lowest), scored by `predict` in a child process."""
-    from tasks.core.launch import run_module
     from tasks.movielens.predict import missing_for_scoring
-    from tasks.release.steps import fetch_production
 
-    local = fetch_production(settings, version_uri, layout.models_cache(settings.data_root),
-                             aws_conn_id=aws_conn_id, required=missing_for_scoring)
-    out = run_paths(settings, run_id).gate / "production_metrics.json"
-    run_module(PREDICT_MODULE, ["score", "--model-dir", str(local), "--dataset", str(dataset_dir(settings, run)),
-                                "--metrics-out", str(out)],
-               label=f"gate {run_id}", what=f"scoring production {version_uri}")
-    return json.loads(out.read_text())["metrics"]
+    return score_with_predict(settings, run_id, version_uri, paths=run_paths(settings, run_id),
+                              cache_dir=layout.models_cache(settings.data_root), required=missing_for_scoring,
+                              predict_module=PREDICT_MODULE, aws_conn_id=aws_conn_id,
+                              args=lambda local: ["score", "--model-dir", str(local),
+                                                  "--dataset", str(dataset_dir(settings, run))])
 
 
-def gate(settings: Settings, run_id: str, metrics: dict[str, Any], run: dict[str, Any], *, model_name: str,
-         registry_conn_id: str | None = None, aws_conn_id: str | None = None) -> dict[str, Any]:
-    """HR@10 >= min_hr, and not worse than the production model by more than max_regression on the same test rows
-    (tasks.release.steps.gate_run)."""
-    from tasks.release.steps import gate_run
-
-    knobs = run["knobs"]
-    return gate_run(settings, pipeline=PIPELINE, dataset=DATASET, run_id=run_id, model_name=model_name,
-                    metrics=metrics, metric=METRIC, min_value=knobs["min_hr"], max_regression=knobs["max_regression"],
-                    window=run["window"], config_hash=fingerprint(trainer_config(knobs, run["workers"])),
-                    gate_dir=run_paths(settings, run_id).gate, registry_conn_id=registry_conn_id,
-                    score_production=lambda uri: score_published(settings, run_id, uri, run, aws_conn_id=aws_conn_id))
-
-
-def lineage(settings: Settings, run_id: str, run: dict[str, Any], params: dict[str, Any]) -> dict[str, Any]:
-    """Where the model came from: the snapshot (archive md5 and validation), the preprocessed dataset, profile and
-    knobs, the params as triggered, code."""
-    paths = run_paths(settings, run_id)
+def provenance(settings: Settings, run_id: str, run: dict[str, Any], params: dict[str, Any]) -> dict[str, Any]:
+    """The snapshot (archive md5 and validation), the preprocessed dataset, the trainer's flags."""
     name = run["window"]["dataset"]
     validated = read_manifest(layout.validated_dir(settings.data_root, name)) or {}
-    gate_file = paths.gate / "gate.json"
     return {
-        "pipeline": PIPELINE, "run_id": run_id, "dataset": name, "snapshot": run["window"]["snapshot"],
-        "snapshot_inputs": validated.get("inputs"), "profile": run["profile"], "knobs": run["knobs"],
-        "params": params, "trainer_config": trainer_config(run["knobs"], run["workers"]), "workers": run["workers"],
-        "code_version": code_version(),
+        "dataset": name, "snapshot": run["window"]["snapshot"], "snapshot_inputs": validated.get("inputs"),
+        "trainer_config": trainer_config(run["knobs"], run["workers"]), "workers": run["workers"],
         "preprocessed": (read_manifest(dataset_dir(settings, run)) or {}).get("inputs_fingerprint"),
-        "gate": json.loads(gate_file.read_text()) if gate_file.is_file() else None,
     }
 
 
-def publishable_files(settings: Settings, run_id: str, run: dict[str, Any]) -> dict[str, Path]:
+def version_files(settings: Settings, run_id: str, run: dict[str, Any]) -> dict[str, Path]:
     """Everything a version needs to recommend on its own (tasks/movielens/predict.py): the weights and model
     config, the id mappings (raw MovieLens ids <-> model indices), the items each user rated in training (so a
     recommendation leaves them out), the FeatureSpec, plus the training curves, log and the gate's record."""
     from tasks.movielens.predict import model_files
 
-    paths, dataset = run_paths(settings, run_id), dataset_dir(settings, run)
-    files = {**model_files(paths.train, dataset),
-             "training_curves.png": paths.train / "training_curves.png",
-             "train_log.jsonl": paths.train / "train_log.jsonl",
-             "gate.json": paths.gate / "gate.json"}
-    missing = [str(p) for p in files.values() if not p.is_file()]
-    if missing:
-        raise FileNotFoundError(f"cannot publish {run_id}: missing {', '.join(missing)}")
-    return files
+    paths = run_paths(settings, run_id)
+    return {**model_files(paths.train, dataset_dir(settings, run)),
+            "training_curves.png": paths.train / "training_curves.png",
+            "train_log.jsonl": paths.train / "train_log.jsonl",
+            "gate.json": paths.gate / "gate.json"}
 
 
-def publish(settings: Settings, run_id: str, when: datetime, metrics: dict[str, Any], lineage_doc: dict[str, Any],
-            *, run: dict[str, Any], model_name: str, store_uri: str | None = None, aws_conn_id: str | None = None,
-            registry_conn_id: str | None = None) -> dict[str, Any]:
-    from tasks.release.steps import publish_run
-
-    return publish_run(settings, pipeline=PIPELINE, run_id=run_id, when=when, metrics=metrics,
-                       lineage_doc=lineage_doc, files=lambda: publishable_files(settings, run_id, run),
-                       model_name=model_name, store_uri=store_uri, aws_conn_id=aws_conn_id,
-                       registry_conn_id=registry_conn_id)
-
+SPEC = TrainingPipeline(
+    name=PIPELINE, dataset=DATASET, metric="hr@10", floor_knob="min_hr", resolve_run=resolve_run, train=train,
+    evaluate=evaluate, score_published=score_published, window=lambda run: run["window"],
+    trainer_config=lambda run: trainer_config(run["knobs"], run["workers"]), files=version_files,
+    provenance=provenance, bad_input=(SnapshotMissing, ValueError))
+run_paths = SPEC.run_paths

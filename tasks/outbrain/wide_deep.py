@@ -7,16 +7,16 @@ from __future__ import annotations
 
 import json
 import logging
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from tasks.core.config import Settings, code_version
+from tasks.core.config import Settings
 from tasks.core.layout import dataset_stage_dir
 from tasks.core.profiles import layer_sizes
 from tasks.core.storage import fingerprint, read_manifest
 from tasks.outbrain import layout
-from tasks.release.runs import RunPaths, run_paths as pipeline_run_paths, validated_snapshot
+from tasks.release.pipeline import TrainingPipeline, score_with_predict
+from tasks.release.runs import SnapshotMissing, validated_snapshot
 
 log = logging.getLogger(__name__)
 
@@ -27,17 +27,14 @@ EVALUATE_MODULE = "models.wide_deep.evaluate"
 PREDICT_MODULE = "tasks.outbrain.predict"
 
 
-def metric_name(knobs: dict[str, Any]) -> str:
-    return f"map@{knobs['map_k']}"
-
-
 def snapshot_identity(settings: Settings, name: str) -> dict[str, Any]:
     """{dataset, snapshot fingerprint} of a validated Outbrain snapshot, or SnapshotMissing (one line)."""
     return validated_snapshot(layout.validated_dir(settings.data_root, name), name, label="Outbrain",
                               ingest_hint=f"run outbrain_ingest with snapshot={name} first")
 
 
-def resolve_run(settings: Settings, params: dict[str, Any], run_type: str = "manual") -> dict[str, Any] | None:
+def resolve_run(settings: Settings, params: dict[str, Any], run_type: str = "manual", *,
+                spark_master: str | None = None) -> dict[str, Any] | None:
     """What this run trains on and with, or None when there is nothing new (an asset-triggered run whose snapshot
     and profile were trained already: the DAG then skips every later task); see
     tasks.release.runs.plan_snapshot_run. Bad layer sizes are refused before any Spark work."""
@@ -71,10 +68,6 @@ def trainer_config(knobs: dict[str, Any]) -> dict[str, Any]:
         "precision": knobs["precision"], "xla": bool(knobs["xla"]), "seed": knobs["seed"],
         "checkpoint_every_steps": knobs["checkpoint_every_steps"], "map_k": knobs["map_k"],
     }
-
-
-def run_paths(settings: Settings, run_id: str) -> RunPaths:
-    return pipeline_run_paths(settings, PIPELINE, run_id)
 
 
 def features_dir(settings: Settings, run: dict[str, Any]) -> Path:
@@ -136,82 +129,50 @@ def evaluate(settings: Settings, run_id: str, run: dict[str, Any], trained: dict
     return metrics
 
 
-def score_published(settings: Settings, run_id: str, version_uri: str, run: dict[str, Any], *,
-                    aws_conn_id: str | None = None) -> dict[str, Any]:
+def score_published(settings: Settings, run_id: str, version_uri: str, run: dict[str, Any], metrics: dict[str, Any],
+                    *, aws_conn_id: str | None = None) -> dict[str, Any]:
     """MAP@k of a published version on this run's validation displays. The version scores them through its own
     feature statistics (its CTR tables, medians, normalisation: `predict score` recomputes the features of the raw
     rows with them), so the comparison is what each model would do in production on the same displays."""
-    from tasks.core.launch import run_module
     from tasks.outbrain.predict import missing_for_scoring
-    from tasks.release.steps import fetch_production
 
-    local = fetch_production(settings, version_uri, layout.models_cache(settings.data_root),
-                             aws_conn_id=aws_conn_id, required=missing_for_scoring)
-    out = run_paths(settings, run_id).gate / "production_metrics.json"
     name = run["window"]["dataset"]
-    run_module(PREDICT_MODULE, ["score", "--model-dir", str(local),
-                                "--validated", str(layout.validated_dir(settings.data_root, name)),
-                                "--features", str(features_dir(settings, run)),
-                                "--map-k", str(run["knobs"]["map_k"]), "--metrics-out", str(out)],
-               label=f"gate {run_id}", what=f"scoring production {version_uri}")
-    return json.loads(out.read_text())["metrics"]
+    return score_with_predict(settings, run_id, version_uri, paths=run_paths(settings, run_id),
+                              cache_dir=layout.models_cache(settings.data_root), required=missing_for_scoring,
+                              predict_module=PREDICT_MODULE, aws_conn_id=aws_conn_id,
+                              args=lambda local: ["score", "--model-dir", str(local),
+                                                  "--validated", str(layout.validated_dir(settings.data_root, name)),
+                                                  "--features", str(features_dir(settings, run)),
+                                                  "--map-k", str(run["knobs"]["map_k"])])
 
 
-def gate(settings: Settings, run_id: str, metrics: dict[str, Any], run: dict[str, Any], *, model_name: str,
-         registry_conn_id: str | None = None, aws_conn_id: str | None = None) -> dict[str, Any]:
-    """MAP@k >= min_map, and not worse than the production model by more than max_regression on the same validation
-    displays (tasks.release.steps.gate_run)."""
-    from tasks.release.steps import gate_run
-
-    knobs = run["knobs"]
-    return gate_run(settings, pipeline=PIPELINE, dataset=DATASET, run_id=run_id, model_name=model_name,
-                    metrics=metrics, metric=metric_name(knobs), min_value=knobs["min_map"],
-                    max_regression=knobs["max_regression"], window=run["window"],
-                    config_hash=fingerprint(trainer_config(knobs)), gate_dir=run_paths(settings, run_id).gate,
-                    registry_conn_id=registry_conn_id,
-                    score_production=lambda uri: score_published(settings, run_id, uri, run, aws_conn_id=aws_conn_id))
-
-
-def lineage(settings: Settings, run_id: str, run: dict[str, Any], params: dict[str, Any]) -> dict[str, Any]:
-    """Where the model came from: the snapshot (file checksums and validation), the features dataset, profile and
-    knobs, the params as triggered, code."""
-    paths = run_paths(settings, run_id)
+def provenance(settings: Settings, run_id: str, run: dict[str, Any], params: dict[str, Any]) -> dict[str, Any]:
+    """The snapshot (file checksums and validation), the features dataset and its engine, the trainer's flags."""
     name = run["window"]["dataset"]
     validated = read_manifest(layout.validated_dir(settings.data_root, name)) or {}
-    gate_file = paths.gate / "gate.json"
     return {
-        "pipeline": PIPELINE, "run_id": run_id, "dataset": name, "snapshot": run["window"]["snapshot"],
-        "snapshot_inputs": validated.get("inputs"), "profile": run["profile"], "knobs": run["knobs"],
-        "features_engine": run.get("engine", "spark"), "params": params,
-        "trainer_config": trainer_config(run["knobs"]), "workers": run["workers"],
-        "code_version": code_version(),
+        "dataset": name, "snapshot": run["window"]["snapshot"], "snapshot_inputs": validated.get("inputs"),
+        "features_engine": run.get("engine", "spark"), "trainer_config": trainer_config(run["knobs"]),
+        "workers": run["workers"],
         "features": (read_manifest(features_dir(settings, run)) or {}).get("inputs_fingerprint"),
-        "gate": json.loads(gate_file.read_text()) if gate_file.is_file() else None,
     }
 
 
-def publishable_files(settings: Settings, run_id: str, run: dict[str, Any]) -> dict[str, Path]:
+def version_files(settings: Settings, run_id: str, run: dict[str, Any]) -> dict[str, Path]:
     """Everything a version needs to score raw Outbrain rows on its own (tasks/outbrain/predict.py): the weights and
     model config, the FeatureSpec, the feature statistics fitted on the train split (Spark's tables, or NVTabular's
     saved Workflow under stats/nvt_workflow/), plus the training curves, log and the gate's record."""
     from tasks.outbrain.predict import model_files
 
     paths = run_paths(settings, run_id)
-    files = {**model_files(paths.train, features_dir(settings, run)),
-             "training_curves.png": paths.train / "training_curves.png",
-             "gate.json": paths.gate / "gate.json"}
-    missing = [str(p) for p in files.values() if not p.is_file()]
-    if missing:
-        raise FileNotFoundError(f"cannot publish {run_id}: missing {', '.join(missing)}")
-    return files
+    return {**model_files(paths.train, features_dir(settings, run)),
+            "training_curves.png": paths.train / "training_curves.png",
+            "gate.json": paths.gate / "gate.json"}
 
 
-def publish(settings: Settings, run_id: str, when: datetime, metrics: dict[str, Any], lineage_doc: dict[str, Any],
-            *, run: dict[str, Any], model_name: str, store_uri: str | None = None, aws_conn_id: str | None = None,
-            registry_conn_id: str | None = None) -> dict[str, Any]:
-    from tasks.release.steps import publish_run
-
-    return publish_run(settings, pipeline=PIPELINE, run_id=run_id, when=when, metrics=metrics,
-                       lineage_doc=lineage_doc, files=lambda: publishable_files(settings, run_id, run),
-                       model_name=model_name, store_uri=store_uri, aws_conn_id=aws_conn_id,
-                       registry_conn_id=registry_conn_id)
+SPEC = TrainingPipeline(
+    name=PIPELINE, dataset=DATASET, metric="map@{map_k}", floor_knob="min_map", resolve_run=resolve_run,
+    train=train, evaluate=evaluate, score_published=score_published, window=lambda run: run["window"],
+    trainer_config=lambda run: trainer_config(run["knobs"]), files=version_files, provenance=provenance,
+    bad_input=(SnapshotMissing, ValueError))
+run_paths = SPEC.run_paths

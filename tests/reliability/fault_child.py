@@ -45,7 +45,7 @@ def run_step(step: str, spec: dict[str, Any]) -> dict[str, Any]:
             settings, paths.dataset, paths.dictionary, spec["train_days"], spec["test_day"], seed=params["seed"],
             spark_master=spec["spark_master"]),
         "train": lambda: criteo_dlrm.train(settings, spec["run_id"], run),
-        "evaluate": lambda: criteo_dlrm.evaluate(settings, spec["run_id"]),
+        "evaluate": lambda: criteo_dlrm.evaluate(settings, spec["run_id"], run),
         "publish": lambda: publish(settings, spec),
     }
     print(READY, flush=True)
@@ -65,11 +65,11 @@ def resolved_run(spec: dict[str, Any]) -> dict[str, Any]:
 
 def publish(settings, spec: dict[str, Any]) -> dict[str, Any]:
     """The DAG's publish task body: lineage, then publish to the store (registry: the SQLite fallback)."""
-    from tasks.criteo.dlrm import lineage, publish as push
+    from tasks.criteo.dlrm import SPEC
 
     params, run = spec["params"], resolved_run(spec)
-    doc = lineage(settings, spec["run_id"], run, params)
-    return push(settings, spec["run_id"], datetime.fromisoformat(spec["when"]), spec["metrics"], doc, run=run,
+    doc = SPEC.lineage(settings, spec["run_id"], run, params)
+    return SPEC.publish(settings, spec["run_id"], datetime.fromisoformat(spec["when"]), spec["metrics"], doc, run=run,
                 model_name=params["model_name"], store_uri=spec.get("publish_uri") or None, aws_conn_id=None,
                 registry_conn_id=None)
 

@@ -250,10 +250,10 @@ def test_presigned_url_signatures_stay_out_of_lineage_and_the_registry(tmp_path:
     settings = Settings(data_root=tmp_path / "data")
     run = {"spec_uri": PRESIGNED, "data_uri": PRESIGNED.rsplit("/", 1)[0] + "/data?X-Amz-Signature=feedface",
            "profile": "demo", "knobs": resolve_knobs(KNOBS, PROFILES, "demo", {}), "nproc": 1, "device": "cpu"}
-    record = pipeline.gate(settings, "run-1", {"auc": 0.9, "rows": 10}, run, model_name="byo_model",
-                           registry_conn_id="")
+    record = pipeline.SPEC.gate(settings, "run-1", {"auc": 0.9, "rows": 10}, run, model_name="byo_model",
+                                registry_conn_id="")
     assert record["passed"]
-    doc = pipeline.lineage(settings, "run-1", run, {"spec_uri": PRESIGNED, "epochs": 1})
+    doc = pipeline.SPEC.lineage(settings, "run-1", run, {"spec_uri": PRESIGNED, "epochs": 1})
     with steps.open_registry(settings, "") as registry:
         stored = registry.get_run(pipeline.PIPELINE, "run-1")
     for where, text in (("lineage", json.dumps(doc)), ("registry", json.dumps(stored.window))):

@@ -415,9 +415,9 @@ def test_connection_outside_the_allowed_ids_is_refused(tmp_path):
 def _publish(settings, **kw):
     from datetime import datetime, timezone
 
-    from tasks.criteo.dlrm import publish
+    from tasks.criteo.dlrm import SPEC
 
-    return publish(settings, "manual__1", datetime(2026, 1, 5, tzinfo=timezone.utc), {"auc": 0.8}, {}, run={},
+    return SPEC.publish(settings, "manual__1", datetime(2026, 1, 5, tzinfo=timezone.utc), {"auc": 0.8}, {}, run={},
                    model_name="criteo_dlrm", registry_conn_id="", **kw)
 
 

@@ -156,7 +156,7 @@ def http_source(tmp_path_factory):
 @pytest.fixture(scope="module")
 def golden(tmp_path_factory, http_source) -> Golden:
     """Every step run once, cleanly, in the order of the DAGs; the data root copied before each measured step."""
-    from tasks.criteo.dlrm import export, gate, publish
+    from tasks.criteo.dlrm import SPEC, export
     from tasks.criteo.ingest import day_stats, download_day, validate_day
 
     _, template, _, _ = http_source
@@ -180,10 +180,10 @@ def golden(tmp_path_factory, http_source) -> Golden:
     export(settings, RUN_ID, run)  # the serving export a version publishes (unmeasured: it only reads model.pt)
     # The DAG's gate registers the run; an older version is already published, so `latest` exists before the kill.
     metrics = golden.clean["evaluate"].result
-    assert gate(settings, RUN_ID, metrics, run, model_name="criteo_dlrm", registry_conn_id=None)["passed"]
+    assert SPEC.gate(settings, RUN_ID, metrics, run, model_name="criteo_dlrm", registry_conn_id=None)["passed"]
     shutil.copytree(run_dir(root), layout.run_dir(root, "criteo_dlrm", "previous"))
-    gate(settings, "previous", metrics, run, model_name="criteo_dlrm", registry_conn_id=None)
-    publish(settings, "previous", PREVIOUS_WHEN, metrics, {"run_id": "previous"}, run=run, model_name="criteo_dlrm",
+    SPEC.gate(settings, "previous", metrics, run, model_name="criteo_dlrm", registry_conn_id=None)
+    SPEC.publish(settings, "previous", PREVIOUS_WHEN, metrics, {"run_id": "previous"}, run=run, model_name="criteo_dlrm",
             registry_conn_id=None)
     clean_step(golden, "publish", root)
     return golden

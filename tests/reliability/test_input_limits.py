@@ -233,7 +233,7 @@ def test_redirect_inside_the_allowed_prefixes_is_followed(range_server, out: Pat
     ("5,20000", ["day 20000", "10000", "RECFLOW_MAX_DAY_INDEX"]),
 ])
 def test_day_ranges_are_bounded_before_they_are_expanded(text: str, named: list[str]) -> None:
-    from tasks.criteo.dlrm import parse_days
+    from tasks.criteo.window import parse_days
 
     started = time.monotonic()
     with pytest.raises(ValueError) as caught:
@@ -243,7 +243,7 @@ def test_day_ranges_are_bounded_before_they_are_expanded(text: str, named: list[
 
 
 def test_day_range_limits_are_settings(monkeypatch) -> None:
-    from tasks.criteo.dlrm import parse_days
+    from tasks.criteo.window import parse_days
 
     assert parse_days("0-365") == list(range(366))
     monkeypatch.setenv("RECFLOW_MAX_WINDOW_DAYS", "30")

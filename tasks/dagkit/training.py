@@ -1,0 +1,83 @@
+"""The tasks every training pipeline's DAG shares (resolve_run → … → train → evaluate → gate → publish), made once
+from the name of the pipeline's steps module, whose `SPEC` (tasks.release.pipeline.TrainingPipeline) says what is
+its own. The DAG file keeps the rest (its preprocessing tasks, its params, the wiring).
+
+Parse-cheap: the steps module is imported inside the task bodies, never at parse time.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from tasks.dagkit import TRAIN_TASK, fail_without_retry, spark_master
+
+
+@dataclass(frozen=True)
+class TrainingTasks:
+    resolve_run: Any
+    train: Any
+    evaluate: Any
+    gate: Any
+    publish: Any
+
+
+def training_tasks(steps_module: str, *, record_failure: Callable[[dict], None],
+                   params_of: Callable[[dict], dict] | None = None) -> TrainingTasks:
+    """The five shared tasks of a DAG whose steps live in `steps_module`. `params_of(context)` is what resolve_run
+    is handed (default: the run's params; a snapshot pipeline adds the snapshot an asset event announced)."""
+    from airflow.sdk import task
+
+    def spec() -> Any:
+        return importlib.import_module(steps_module).SPEC
+
+    def settings() -> Any:
+        from tasks.core.config import load_settings
+
+        return load_settings()
+
+    @task.short_circuit
+    def resolve_run(**context) -> dict | None:
+        pipeline = spec()
+        run_type = str(getattr(context["dag_run"].run_type, "value", context["dag_run"].run_type))
+        params = params_of(context) if params_of else dict(context["params"])
+        # The spec's bad_input (an unknown profile, a bad knob value, a missing snapshot): refused before any work.
+        return fail_without_retry(*pipeline.bad_input)(pipeline.resolve_run)(settings(), params, run_type,
+                                                                            spark_master=spark_master())
+
+    @task(**TRAIN_TASK)
+    def train(run: dict, validated: dict, **context) -> dict:
+        from tasks.core.launch import ModelTooLarge
+
+        return fail_without_retry(ModelTooLarge)(spec().train)(settings(), context["run_id"], run)
+
+    @task
+    def evaluate(run: dict, trained: dict, **context) -> dict:
+        return spec().evaluate(settings(), context["run_id"], run, trained)
+
+    @task.short_circuit(ignore_downstream_trigger_rules=False, on_failure_callback=record_failure)
+    def gate(run: dict, metrics: dict, **context) -> bool:
+        params = context["params"]
+        return spec().gate(settings(), context["run_id"], metrics, run, model_name=params["model_name"],
+                           aws_conn_id=params["aws_conn_id"])["passed"]
+
+    @task(on_failure_callback=record_failure)
+    def publish(run: dict, metrics: dict, **context) -> dict:
+        from tasks.core.config import NotAllowed
+
+        pipeline, current, params = spec(), settings(), context["params"]
+        doc = pipeline.lineage(current, context["run_id"], run, dict(params))
+        return fail_without_retry(NotAllowed)(pipeline.publish)(
+            current, context["run_id"], context["dag_run"].run_after, metrics, doc, run=run,
+            model_name=params["model_name"], store_uri=params["publish_uri"] or None,
+            aws_conn_id=params["aws_conn_id"])
+
+    return TrainingTasks(resolve_run=resolve_run, train=train, evaluate=evaluate, gate=gate, publish=publish)
+
+
+def snapshot_params(param: str, snapshot_of_run: Callable[[dict], str | None]) -> Callable[[dict], dict]:
+    """params_of for a snapshot pipeline: its `param` names the snapshot the run trains (the form's, else the
+    announcing asset event's)."""
+    return lambda context: {**context["params"], param: snapshot_of_run(context)}
