@@ -95,7 +95,10 @@ def test_every_pipeline_command_parses_with_its_knobs():
         cli.movielens_preprocess, "ml-1m", 0, None)
     outbrain = cli.parse_args(["outbrain", "ingest", "--snapshot", "s1", "--source", "s3://b/{file}.csv.gz"])
     assert (outbrain.handler, outbrain.snapshot, outbrain.source) == (cli.outbrain_ingest, "s1", "s3://b/{file}.csv.gz")
-    for pipeline in ("criteo", "movielens", "outbrain"):
+    byo = cli.parse_args(["byo", "transcode", "--spec-uri", "s3://b/spec.yaml", "--engine", "spark"])
+    assert (byo.handler, byo.spec_uri, byo.engine, byo.data_uri) == (cli.byo_transcode, "s3://b/spec.yaml", "spark",
+                                                                     None)
+    for pipeline in ("criteo", "movielens", "outbrain", "byo"):
         assert cli.parse_args([pipeline, "demo-data"]).command == "demo-data"
 
 
@@ -135,6 +138,26 @@ def test_demo_data_writes_days_and_the_json_report(tmp_path):
     [record] = doc["steps"]
     assert record["step"] == "write_days" and record["result"]["days"] == [0, 1] and record["error"] is None
     assert record["start"] <= record["end"] and record["seconds"] == round(record["end"] - record["start"], 3)
+
+
+def test_byo_demo_data_then_transcode_in_process_then_cached(tmp_path):
+    """byo's commands: a CSV FeatureSpec with generated files, then resolve_run -> fetch -> validate -> transcode
+    (arrow, no Spark) -> validate_dataset into the run's folder; the second run finds every step done."""
+    root, out = tmp_path / "data", tmp_path / "report.json"
+    assert cli.main(["--data-root", str(root), "-q", "byo", "demo-data", "--train-rows", "300",
+                     "--test-rows", "100"]) == 0
+    spec = root / "byo" / "source" / "feature_spec.yaml"
+    argv = ["--data-root", str(root), "-q", "--json", str(out), "byo", "transcode", "--spec-uri", spec.as_uri(),
+            "--profile", "demo", "--engine", "arrow", "--run-id", "cli_1"]
+    assert cli.main(argv) == 0
+    doc = report(out)
+    assert [r["step"] for r in doc["steps"]] == ["resolve_run", "fetch", "validate", "transcode", "validate_dataset"]
+    [dataset] = step_results(doc, "validate_dataset")
+    assert dataset["path"] == str(root / "runs" / "byo_dlrm" / "cli_1" / "dataset")
+    assert dataset["rows"] == {"train": 300, "test": 100}
+    assert cli.main(argv) == 0
+    assert step_results(report(out), "transcode")[0]["cached"] is True
+    assert step_results(report(out), "validate")[0]["cached"] is True
 
 
 def test_a_missing_upstream_step_is_one_line_and_exit_1(tmp_path, capsys):

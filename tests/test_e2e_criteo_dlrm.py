@@ -142,7 +142,7 @@ def test_a_worse_model_is_gated_out_by_scoring_production_on_the_same_rows(inges
     from tasks.criteo.dlrm import publishable_files
 
     settings = Settings(data_root=root)
-    assert "dictionary/nvt_workflow/workflow.pkl" in publishable_files(settings, run["run_id"])
+    assert "dictionary/nvt_workflow/workflow.pkl" in publishable_files(settings, run["run_id"], {})
     assert run["tasks"]["gate"]["state"] == "success"  # a failed gate is a decision, not a task failure
     assert run["state"] == "success", run["log"][-4000:]
     assert run["tasks"]["publish"]["state"] == "skipped"
