@@ -46,6 +46,7 @@ from pathlib import Path
 from typing import Any
 
 from tasks.core.config import Settings
+from tasks.core.settings_registry import read
 
 log = logging.getLogger("recflow.cli")
 
@@ -565,6 +566,10 @@ def write_report(path: Path, report: dict[str, Any]) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["settings"]:  # the deployment's settings, not a pipeline's command
+        from tasks.core.settings_registry import main as settings_main
+
+        return settings_main(argv[1:])
     args = parse_args(argv)
     with logging_to_stderr(args.verbose, args.quiet):
         return run_command(args, argv)
@@ -578,7 +583,7 @@ def run_command(args: argparse.Namespace, argv: list[str]) -> int:
                               "started_utc": datetime.now(timezone.utc).isoformat(timespec="seconds")}
     started = time.monotonic()
     try:
-        if getattr(args, "profile", None) and not os.environ.get("RECFLOW_PROFILE"):
+        if getattr(args, "profile", None) and not read("RECFLOW_PROFILE"):
             # A command line is the operator's, not a trigger form's: its --profile is the deployment's profile for
             # this run, so a `--profile demo` run gates at the demo's release thresholds (tasks.core.profiles lets a
             # form only tighten the deployment's; the operator sets the deployment).

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import time
 from datetime import datetime
 from pathlib import Path
@@ -19,6 +18,7 @@ from urllib.parse import quote
 
 from tasks.core.config import Settings, code_version
 from tasks.core.layout import run_dir
+from tasks.core.settings_registry import read
 from tasks.core.profiles import dlrm_model_config
 from tasks.core.storage import completed_manifest, fingerprint, read_manifest
 from tasks.release import runs
@@ -90,7 +90,7 @@ def resolve_run(settings: Settings, params: dict[str, Any]) -> dict[str, Any]:
     from tasks.core.download import check_source_allowed
     from tasks.core.profiles import resolve_knobs
 
-    spec_uri = params.get("spec_uri") or os.environ.get(SPEC_URI_ENV)
+    spec_uri = params.get("spec_uri") or read(SPEC_URI_ENV)
     if not spec_uri:
         raise ValueError(f"no spec_uri: name the FeatureSpec yaml (file://, http(s):// or s3://) in the trigger "
                          f"form or set {SPEC_URI_ENV}")
