@@ -93,7 +93,7 @@ def criteo_dlrm():
 
     @task(**SPARK_TASK)
     def build_dictionary(run: dict, **context) -> dict:
-        from spark_jobs.criteo.dictionary import parse_threshold_overrides
+        from tasks.criteo.contract import parse_threshold_overrides
         from tasks.criteo.dlrm import run_paths
         from tasks.criteo.preprocess import build_dictionary as build
 

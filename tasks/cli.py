@@ -298,8 +298,8 @@ def _worker_logging(level: int) -> None:
 
 
 def criteo_preprocess(args: argparse.Namespace, settings: Settings, steps: Steps) -> None:
-    from spark_jobs.criteo.dictionary import parse_threshold_overrides
     from tasks.criteo import dlrm, preprocess
+    from tasks.criteo.contract import parse_threshold_overrides
     from tasks.criteo.retrain import days_text
 
     params = {"profile": args.profile, "test_day": args.test_day,
