@@ -499,7 +499,8 @@ def add_outbrain_commands(pipelines: argparse._SubParsersAction) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="recflow", description=__doc__.split("\n\n")[0].split("\n")[0],
-                                     epilog="Examples and what --json writes: README.md, 'Command line'.")
+                                     epilog="Examples and what --json writes: README.md, 'Command line'. "
+                                            "'recflow settings' lists the deployment's RECFLOW_* settings.")
     _global_options(parser, defaults=True)
     pipelines = parser.add_subparsers(dest="pipeline", required=True, metavar="PIPELINE")
     for add_commands in (add_criteo_commands, add_movielens_commands, add_outbrain_commands):
