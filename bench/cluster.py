@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import Figure, OtherWork, Stat, load_average, log, paired_ratio
+from tasks.core.settings_registry import read
 
 SECTION = "7 Spark on a cluster"
 ROWS = 2000
@@ -43,7 +44,7 @@ SIDES = {"local": "local", "cluster": "local", "cluster_profile": "cluster"}  # 
 @contextlib.contextmanager
 def _driver_host(address: str) -> Iterator[None]:
     """RECFLOW_SPARK_DRIVER_HOST for the drivers this process submits (the executors reach them there)."""
-    saved = os.environ.get("RECFLOW_SPARK_DRIVER_HOST")
+    saved = read("RECFLOW_SPARK_DRIVER_HOST")
     os.environ["RECFLOW_SPARK_DRIVER_HOST"] = address
     try:
         yield

@@ -29,11 +29,10 @@ for every day of the window. Outputs live under `<data root>/runs/criteo_dlrm/<r
 
 from __future__ import annotations
 
-import os
-
 from airflow.sdk import CronTriggerTimetable, Param, dag, task
 
 from tasks.core.config import load_settings
+from tasks.core.settings_registry import value
 from tasks.criteo.profiles import KNOBS, PROFILES
 from tasks.criteo.preprocess import ENGINE_ENV, PREPROCESS_ENGINES
 from tasks.dagkit import (DEFAULT_ARGS, SPARK_TASK, device_param, engine_param, knob_params, profile_param,
@@ -50,7 +49,7 @@ record_failure = failure_callback("criteo_dlrm")
     dag_id="criteo_dlrm",
     # Retrains are started by criteo_ingest's retrain gate once a complete new window has landed; the cron is a
     # safety net that trains the newest complete window only if it is newer than the last trained one.
-    schedule=CronTriggerTimetable(os.environ.get("RECFLOW_RETRAIN_CRON", "0 6 * * 1"), timezone="UTC"),
+    schedule=CronTriggerTimetable(value("RECFLOW_RETRAIN_CRON"), timezone="UTC"),
     catchup=False,
     max_active_runs=1,
     default_args=DEFAULT_ARGS,
@@ -88,7 +87,7 @@ def criteo_dlrm():
 
     @task(**SPARK_TASK)
     def build_dictionary(run: dict, **context) -> dict:
-        from spark_jobs.criteo.dictionary import parse_threshold_overrides
+        from tasks.criteo.contract import parse_threshold_overrides
         from tasks.criteo.dlrm import run_paths
         from tasks.criteo.preprocess import build_dictionary as build
 

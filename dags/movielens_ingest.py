@@ -15,11 +15,10 @@ up; trigger it by hand with a `dataset` to ingest ml-1m or another source. Outpu
 
 from __future__ import annotations
 
-import os
-
 from airflow.sdk import CronTriggerTimetable, Param, dag, task
 
 from tasks.core.config import load_settings
+from tasks.core.settings_registry import value
 from tasks.dagkit import DEFAULT_ARGS, DOWNLOAD_TASK, fail_without_retry
 from tasks.movielens.dagkit import MOVIELENS_RATINGS, announcement
 from tasks.movielens.schema import DATASETS
@@ -28,7 +27,7 @@ from tasks.dagkit.docs import document
 
 @dag(
     dag_id="movielens_ingest",
-    schedule=CronTriggerTimetable(os.environ.get("RECFLOW_MOVIELENS_INGEST_CRON", "0 5 * * 1"), timezone="UTC"),
+    schedule=CronTriggerTimetable(value("RECFLOW_MOVIELENS_INGEST_CRON"), timezone="UTC"),
     catchup=False,
     max_active_runs=1,
     default_args=DEFAULT_ARGS,

@@ -17,11 +17,10 @@ snapshot name, each with a manifest.
 
 from __future__ import annotations
 
-import os
-
 from airflow.sdk import CronTriggerTimetable, Param, dag, task
 
 from tasks.core.config import load_settings
+from tasks.core.settings_registry import value
 from tasks.dagkit import DEFAULT_ARGS, DOWNLOAD_TASK, fail_without_retry
 from tasks.outbrain.dagkit import OUTBRAIN_CLICKS, announcement
 from tasks.dagkit.docs import document
@@ -31,7 +30,7 @@ SNAPSHOT_NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
 
 @dag(
     dag_id="outbrain_ingest",
-    schedule=CronTriggerTimetable(os.environ.get("RECFLOW_OUTBRAIN_INGEST_CRON", "0 5 * * 2"), timezone="UTC"),
+    schedule=CronTriggerTimetable(value("RECFLOW_OUTBRAIN_INGEST_CRON"), timezone="UTC"),
     catchup=False,
     max_active_runs=1,
     default_args=DEFAULT_ARGS,

@@ -1,5 +1,5 @@
 """What every nvt_jobs job shares: the --device / --workers options, the Dask cluster they select, and datasets on
-the chosen device. Logging and the one-line failure reason are spark_jobs.common's (stdlib only)."""
+the chosen device. Logging and the one-line failure reason are every job's (tasks.core.job_main, stdlib only)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import logging
 import warnings
 from collections.abc import Iterator, Sequence
 
-from spark_jobs.common import configure_logging, run_job  # noqa: F401 - re-exported for the jobs
+from tasks.core.job_main import configure_logging, run_job  # noqa: F401 - re-exported for the jobs
 
 log = logging.getLogger("recflow.nvt")
 

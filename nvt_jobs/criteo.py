@@ -47,13 +47,12 @@ from dataclasses import asdict
 from pathlib import Path
 
 from nvt_jobs.common import add_device_args, configure_logging, dask_cluster, dataset, log, resolve_device, run_job
-from spark_jobs.criteo.dictionary import (DICTIONARY, DictionaryResult, column_thresholds, parse_threshold_overrides,
-                                          write_sizes)
 from tasks.core.storage import Manifest, atomic_directory, write_manifest
+from tasks.criteo.contract import (DICTIONARY, ROW_ORDER, DictionaryResult, column_thresholds,
+                                   parse_threshold_overrides, write_sizes)
 from tasks.criteo.schema import CAT_COLUMNS, INT_COLUMNS, LABEL
 
 ENGINE = "nvtabular"
-ROW_ORDER = "row_order"
 WORKFLOW_DIR = "nvt_workflow"
 DICTIONARY_FILE = "part-00000.parquet"
 # NVTabular 23.08's Categorify: 0 padding, 1 null, 2 out-of-vocabulary, kept values from 3 (ops/categorify.py)

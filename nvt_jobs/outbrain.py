@@ -57,15 +57,14 @@ import pandas as pd
 from nvt_jobs.common import add_device_args, configure_logging, dask_cluster, dataset, resolve_device, run_job
 from nvt_jobs.outbrain_ops import (document_similarity, exact_fill_median, nullable_join_groupby, value_hash_bucket,
                                   value_hashes)
-from spark_jobs.outbrain import features as spark_features
 from tasks.core.xxhash import spark_xxhash64
-from tasks.outbrain.features import (CTR_THRESHOLDS, DISPLAY_ID, HASH_BUCKET_SIZES, LABEL, MULTIHOT_COLUMNS,
-                                     NUMERIC_COLUMNS, ONEHOT_COLUMNS, RAW_AD_ID, TRAIN_MAX_DAY, VALID_FRACTION)
+from tasks.outbrain.contract import (CTR_THRESHOLDS, DISPLAY_ID, HASH_BUCKET_SIZES, LABEL, MULTIHOT_COLUMNS,
+                                     NUMERIC_COLUMNS, ONEHOT_COLUMNS, PARQUET_DIR, RAW_AD_ID, STATS_DIR, STATS_FILE,
+                                     TRAIN_MAX_DAY, VALID_FRACTION, parse_features_args)
 from tasks.outbrain.schema import DAY_MS, TIMESTAMP_ORIGIN_MS
 
 log = logging.getLogger("recflow.nvt.outbrain")
 
-STATS_DIR, PARQUET_DIR, STATS_FILE = spark_features.STATS_DIR, spark_features.PARQUET_DIR, spark_features.STATS_FILE
 WORKFLOW_DIR = "nvt_workflow"  # under stats/: what a published version carries
 CTR_INPUTS = list(CTR_THRESHOLDS)
 COUNT_FEATURES = ("ad_id", "document_id_promo")  # <key>_count: log(1 + train views), normalised
@@ -88,9 +87,9 @@ class FeaturesResult:
 
 
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
-    """The Spark job's command line (spark_jobs/outbrain/features.py), plus --device and --workers."""
-    return spark_features.parse_args(argv, description="Outbrain tables -> Wide & Deep features (NVTabular)",
-                                     extend=add_device_args)
+    """The features job's command line (tasks/outbrain/contract.py), plus --device and --workers."""
+    return parse_features_args(argv, description="Outbrain tables -> Wide & Deep features (NVTabular)",
+                               extend=add_device_args)
 
 
 # ---- the split, as the Spark path draws it --------------------------------------------------------------------

@@ -1,26 +1,13 @@
-"""What every recflow Spark job shares: logging that names the job and day, the session, and the failure line."""
+"""What every recflow Spark job shares: the session; logging and the failure line are every job's
+(tasks.core.job_main, re-exported here for the jobs)."""
 
 from __future__ import annotations
 
 import logging
-import signal
-import sys
-import time
-from collections.abc import Callable, Sequence
-from typing import TypeVar
 
-from tasks.core.process import ERROR_MARKER
+from tasks.core.job_main import configure_logging, run_job  # noqa: F401 - re-exported for the jobs
 
-T = TypeVar("T")
 log = logging.getLogger("recflow.spark")
-
-
-def configure_logging(context: str) -> None:
-    """Log lines to stdout prefixed with the job's context (run, day). Under spark-submit the root logger has no
-    handler yet; when a test calls main() in-process, the host's handlers are kept (no force)."""
-    logging.basicConfig(level=logging.INFO, stream=sys.stdout,
-                        format=f"%(asctime)s %(levelname)s [{context}] %(message)s")
-    logging.getLogger().setLevel(logging.INFO)
 
 
 def spark_session(app_name: str):
@@ -30,24 +17,3 @@ def spark_session(app_name: str):
     spark = SparkSession.builder.appName(app_name).getOrCreate()
     spark.sparkContext.setLogLevel("WARN")
     return spark
-
-
-def _exit_on_sigterm(signum, frame) -> None:
-    raise SystemExit(128 + signum)
-
-
-def run_job(main: Callable[[Sequence[str]], T], argv: Sequence[str]) -> T:
-    """Run a job's main; on failure print one marked line the task log (and tasks.core.process) can pick up."""
-    start = time.monotonic()
-    # A stopped job (its task's SIGTERM to the process group) unwinds instead of vanishing, so atomic_directory
-    # removes its half-written temporary output; Python's default SIGTERM action runs no cleanup.
-    previous = signal.signal(signal.SIGTERM, _exit_on_sigterm)
-    try:
-        result = main(argv)
-    except Exception as exc:  # noqa: BLE001 - reported as one line, then re-raised for the exit code
-        print(f"{ERROR_MARKER} {type(exc).__name__}: {exc}", flush=True)
-        raise
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-    log.info("done in %.1f s", time.monotonic() - start)
-    return result

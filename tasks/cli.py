@@ -48,6 +48,7 @@ from pathlib import Path
 from typing import Any
 
 from tasks.core.config import Settings
+from tasks.core.settings_registry import read
 
 log = logging.getLogger("recflow.cli")
 
@@ -300,8 +301,8 @@ def _worker_logging(level: int) -> None:
 
 
 def criteo_preprocess(args: argparse.Namespace, settings: Settings, steps: Steps) -> None:
-    from spark_jobs.criteo.dictionary import parse_threshold_overrides
     from tasks.criteo import dlrm, preprocess
+    from tasks.criteo.contract import parse_threshold_overrides
     from tasks.criteo.retrain import days_text
 
     params = {"profile": args.profile, "test_day": args.test_day,
@@ -556,7 +557,8 @@ def add_byo_commands(pipelines: argparse._SubParsersAction) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="recflow", description=__doc__.split("\n\n")[0].split("\n")[0],
-                                     epilog="Examples and what --json writes: README.md, 'Command line'.")
+                                     epilog="Examples and what --json writes: README.md, 'Command line'. "
+                                            "'recflow settings' lists the deployment's RECFLOW_* settings.")
     _global_options(parser, defaults=True)
     pipelines = parser.add_subparsers(dest="pipeline", required=True, metavar="PIPELINE")
     for add_commands in (add_criteo_commands, add_movielens_commands, add_outbrain_commands, add_byo_commands):
@@ -623,6 +625,10 @@ def write_report(path: Path, report: dict[str, Any]) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["settings"]:  # the deployment's settings, not a pipeline's command
+        from tasks.core.settings_registry import main as settings_main
+
+        return settings_main(argv[1:])
     args = parse_args(argv)
     with logging_to_stderr(args.verbose, args.quiet):
         return run_command(args, argv)
@@ -636,7 +642,7 @@ def run_command(args: argparse.Namespace, argv: list[str]) -> int:
                               "started_utc": datetime.now(timezone.utc).isoformat(timespec="seconds")}
     started = time.monotonic()
     try:
-        if getattr(args, "profile", None) and not os.environ.get("RECFLOW_PROFILE"):
+        if getattr(args, "profile", None) and not read("RECFLOW_PROFILE"):
             # A command line is the operator's, not a trigger form's: its --profile is the deployment's profile for
             # this run, so a `--profile demo` run gates at the demo's release thresholds (tasks.core.profiles lets a
             # form only tighten the deployment's; the operator sets the deployment).

@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from tasks.core import nvtabular
+from tasks.core import nvtabular, settings_registry
 from tasks.core.config import REPO_ROOT, choose_engine
 
 
@@ -45,6 +45,9 @@ def test_a_missing_interpreter_says_how_to_build_it(monkeypatch, tmp_path):
 
 
 def test_engine_choice_names_where_a_bad_one_came_from(monkeypatch):
+    # Settings are read through their declaration: declare this made-up one for the test's duration.
+    monkeypatch.setitem(settings_registry._DECLARED, "RECFLOW_X_ENGINE",
+                        settings_registry.Setting("RECFLOW_X_ENGINE", "choice", "", "a test's engine setting"))
     monkeypatch.setenv("RECFLOW_X_ENGINE", "dask")
     assert choose_engine("nvtabular", "RECFLOW_X_ENGINE", ("spark", "nvtabular")) == "nvtabular"
     with pytest.raises(ValueError, match="RECFLOW_X_ENGINE 'dask': expected one of spark, nvtabular"):

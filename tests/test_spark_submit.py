@@ -16,7 +16,7 @@ import pytest
 
 from tasks.core import process
 
-from tasks.core import spark_submit
+from tasks.core import settings_registry, spark_submit
 from tasks.core.process import ERROR_MARKER, run_streaming
 from tasks.core.spark_submit import SPARK_JOBS_DIR, SparkJobFailed, SparkSubmit, run_spark_job
 
@@ -318,6 +318,9 @@ def test_a_cluster_master_is_not_local(master: str) -> None:
 
 def test_engine_for_master_defaults_by_master_and_explicit_choices_win(monkeypatch: pytest.MonkeyPatch,
                                                                        caplog: pytest.LogCaptureFixture) -> None:
+    # Settings are read through their declaration: declare this made-up one for the test's duration.
+    monkeypatch.setitem(settings_registry._DECLARED, "RECFLOW_X_ENGINE",
+                        settings_registry.Setting("RECFLOW_X_ENGINE", "choice", "", "a test's engine setting"))
     monkeypatch.delenv("RECFLOW_X_ENGINE", raising=False)
     engines = ("spark", "arrow")
 

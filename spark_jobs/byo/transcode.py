@@ -22,16 +22,17 @@ those files in order, batch by batch, into the split-binary writer, and deletes 
 
 from __future__ import annotations
 
-import argparse
 import json
 import shutil
 import sys
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 
 from spark_jobs.common import configure_logging, log, run_job, spark_session
+from tasks.byo.contract import TranscodeResult, check_bad_rows
+from tasks.byo.contract import parse_transcode_args as parse_args
 from tasks.byo.spec import (CATEGORICAL_CHANNEL, DELIMITER, FLOAT16_MAX, MAPPINGS, NUMERICAL_CHANNEL,
                             PATTERNS, csv_chunks, load_csv_spec, renamed_features, resolve_cardinalities)
 from tasks.core.progress import ProgressLog
@@ -42,16 +43,6 @@ OK = "_ok"
 PARQUET_TMP = "_parquet"
 BATCH_ROWS = 1 << 18
 PROGRESS_SECONDS = 30.0
-
-
-@dataclass(frozen=True)
-class TranscodeResult:
-    output: str
-    rows: dict[str, int]
-    dropped: dict[str, int]
-    cardinalities: list[int]
-    seconds: float
-    features: dict[str, str] = field(default_factory=dict)  # input name -> output name
 
 
 def column_names(spec) -> tuple[str, list[str], list[str]]:
@@ -186,25 +177,6 @@ class MappingStream:
                 self.rows += batch.num_rows
                 progress.report(self.rows)
         shutil.rmtree(self.parquet_dir)
-
-
-def check_bad_rows(expected_json: str | None, dropped: dict[str, int]) -> None:
-    """--expected-bad-rows (the validation's count per mapping) must equal what the transcode dropped."""
-    expected = json.loads(expected_json) if expected_json else None
-    if expected is not None and {m: int(expected.get(m, 0)) for m in MAPPINGS} != dropped:
-        raise RuntimeError(f"the transcode found bad rows {dropped} but the validation counted {expected}: the two "
-                           "disagree on the row rules")
-
-
-def parse_args(argv: Sequence[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description="CSV files + CSV FeatureSpec -> split-binary train/test + spec")
-    parser.add_argument("--spec", required=True, type=Path, help="the CSV FeatureSpec yaml (paths relative to it)")
-    parser.add_argument("--source-dir", type=Path, default=None, help="where the CSVs are (default: the spec's dir)")
-    parser.add_argument("--output", required=True, type=Path, help="dataset directory (replaced atomically)")
-    parser.add_argument("--expected-bad-rows", default=None,
-                        help="JSON {mapping: bad rows} from the validation; a different count is an error")
-    parser.add_argument("--inputs-json", default="{}", help="what identifies this work, recorded in the manifest")
-    return parser.parse_args(argv)
 
 
 def main(argv: Sequence[str]) -> TranscodeResult:

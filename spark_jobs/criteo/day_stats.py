@@ -30,12 +30,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from spark_jobs.common import configure_logging, log, run_job, spark_session
+from tasks.criteo.contract import COLUMNAR, COUNTS, ROW_ORDER
 from tasks.criteo.schema import CAT_COLUMNS, CAT_PATTERN, INT_COLUMNS, INT_PATTERN, LABEL, LABEL_PATTERN, RAW_COLUMNS
 from tasks.core.storage import Manifest, atomic_directory, write_manifest
 
-COLUMNAR = "columnar"
-COUNTS = "counts"
-ROW_ORDER = "row_order"
 
 
 @dataclass(frozen=True)

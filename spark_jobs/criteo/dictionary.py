@@ -18,53 +18,18 @@ Output (replaced atomically):
 
 from __future__ import annotations
 
-import argparse
 import json
 import shutil
 import sys
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
-from pathlib import Path
+from dataclasses import asdict
 
 from spark_jobs.common import configure_logging, log, run_job, spark_session
-from tasks.criteo.schema import CAT_COLUMNS, NVIDIA_COLUMN
-from tasks.core.storage import Manifest, atomic_directory, write_manifest, write_text_atomic
-
-DICTIONARY = "dictionary"
-CARDINALITIES_FILE = "cardinalities.json"
-MODEL_SIZE_FILE = "model_size.json"
-
-
-@dataclass(frozen=True)
-class DictionaryResult:
-    output: str
-    values: int                      # kept values over all columns
-    cardinalities: dict[str, int]    # cat_i -> max id + 1
-
-
-def parse_threshold_overrides(text: str) -> dict[str, int]:
-    """"cat_3:2,cat_7:0" -> {"cat_3": 2, "cat_7": 0}; ValueError naming the bad item."""
-    overrides: dict[str, int] = {}
-    for item in filter(None, (part.strip() for part in text.split(","))):
-        name, sep, value = item.partition(":")
-        name = name.strip()
-        if not sep or name not in CAT_COLUMNS:
-            raise ValueError(f"threshold override {item!r}: expected cat_<0..25>:<count>, e.g. cat_3:2")
-        try:
-            threshold = int(value)
-        except ValueError:
-            raise ValueError(f"threshold override {item!r}: {value!r} is not an integer") from None
-        if threshold < 0:
-            raise ValueError(f"threshold override {item!r}: a frequency threshold cannot be negative")
-        overrides[name] = threshold
-    return overrides
-
-
-def column_thresholds(default: int, overrides: dict[str, int]) -> list[int]:
-    """The threshold of each categorical column, in column order."""
-    if default < 0:
-        raise ValueError(f"--frequency-threshold {default}: a frequency threshold cannot be negative")
-    return [overrides.get(name, default) for name in CAT_COLUMNS]
+from tasks.criteo.contract import (CARDINALITIES_FILE, DICTIONARY, MODEL_SIZE_FILE, DictionaryResult,  # noqa: F401
+                                   column_thresholds, parse_threshold_overrides, write_sizes)
+from tasks.criteo.contract import parse_dictionary_args as parse_args
+from tasks.criteo.schema import CAT_COLUMNS
+from tasks.core.storage import Manifest, atomic_directory, write_manifest
 
 
 def summed_counts(spark, counts_dirs: Sequence[str]):
@@ -114,28 +79,6 @@ def column_summary(counts, thresholds: list[int]) -> dict[str, dict[str, float |
         summary[name] = {"threshold": thresholds[index], "kept": kept_n, "dropped": values - kept_n,
                          "occurrences_kept_share": round(kept_occ / occ, 6) if occ else 1.0}
     return summary
-
-
-def write_sizes(directory: Path, summary: dict[str, dict[str, float | int]]) -> dict[str, int]:
-    """cardinalities.json (ours, max id + 1) and model_size.json (NVIDIA's, max id); returns the cardinalities."""
-    max_ids = {name: int(summary[name]["kept"]) for name in CAT_COLUMNS}
-    cardinalities = {name: max_id + 1 for name, max_id in max_ids.items()}
-    write_text_atomic(directory / CARDINALITIES_FILE, json.dumps(cardinalities, indent=2) + "\n")
-    # NVIDIA: json.dump(OrderedDict(("_c14", size), ...), fp, indent=4), size = rows of the column's model.
-    model_size = {NVIDIA_COLUMN[name]: max_id for name, max_id in max_ids.items()}
-    write_text_atomic(directory / MODEL_SIZE_FILE, json.dumps(model_size, indent=4))
-    return cardinalities
-
-
-def parse_args(argv: Sequence[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description="categorical dictionary of a window of Criteo days")
-    parser.add_argument("--counts", required=True, nargs="+", help="per-day counts/ directories of the window")
-    parser.add_argument("--output", required=True, type=Path, help="output directory (replaced atomically)")
-    parser.add_argument("--frequency-threshold", type=int, default=15,
-                        help="keep values seen at least this often over the window (0 keeps all)")
-    parser.add_argument("--threshold-overrides", default="", help="per-column thresholds, e.g. cat_3:2,cat_7:0")
-    parser.add_argument("--inputs-json", default="{}", help="what identifies this work, recorded in the manifest")
-    return parser.parse_args(argv)
 
 
 def main(argv: Sequence[str]) -> DictionaryResult:

@@ -43,52 +43,28 @@ import sys
 import time
 import uuid
 from collections.abc import Iterator, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 
 from spark_jobs.common import configure_logging, log, run_job, spark_session
-from spark_jobs.criteo.dictionary import CARDINALITIES_FILE, DICTIONARY
+from tasks.criteo.contract import (DICTIONARY, INDEX_MASK, LOOKUPS, MAPPINGS, PARTITION_SHIFT,  # noqa: F401
+                                   ROW_ORDER, TransformResult, load_cardinalities)
+from tasks.criteo.contract import parse_transform_args as parse_args
 from tasks.criteo.schema import CAT_COLUMNS, INT_COLUMNS, LABEL, NUM_INT_FEATURES
 from tasks.core.progress import ProgressLog
 from tasks.core.storage import Manifest, atomic_directory, write_manifest
 
-ROW_ORDER = "row_order"    # file order within a day (criteo_day_stats)
 SOURCE = "_source"         # index of the input day, so (SOURCE, ROW_ORDER) identifies a row of the window
 OUTPUT_COLUMNS = (LABEL, *INT_COLUMNS, *CAT_COLUMNS)
-MAPPINGS = ("train", "test", "validation")
 PARQUET_TMP = "_parquet"
 BATCH_ROWS = 1 << 18
 PROGRESS_SECONDS = 30.0
-# monotonically_increasing_id (the spark engine's row_order) keeps the partition index above bit 33
-PARTITION_SHIFT = 33
-INDEX_MASK = (1 << PARTITION_SHIFT) - 1
 GROUP, OFFSET = "_group", "_offset"
-LOOKUPS = ("arrow", "join")
 # Arrow lookups: rows per Arrow batch handed to the Python worker (Spark's default 10,000 would rebuild every
 # column's hash set per 10,000 rows), and the size from which a column's values get a cached pandas index instead
 # of pyarrow's index_in, which hashes its value set on every call.
 LOOKUP_BATCH_ROWS = 100_000
 CACHED_INDEX_MIN_VALUES = 1 << 16
-
-
-@dataclass(frozen=True)
-class TransformResult:
-    output: str
-    rows: dict[str, int]
-    cardinalities: list[int]
-    split_row_order: int                                    # first (dense) row_order of the test day in validation
-    joins: dict[str, str] = field(default_factory=dict)     # cat_i -> broadcast | skew | empty
-
-
-def load_cardinalities(dictionary_dir: Path) -> list[int]:
-    path = dictionary_dir / CARDINALITIES_FILE
-    if not path.is_file():
-        raise FileNotFoundError(f"{path}: dictionary has no {CARDINALITIES_FILE}; rebuild the dictionary")
-    recorded = json.loads(path.read_text())
-    missing = [name for name in CAT_COLUMNS if name not in recorded]
-    if missing:
-        raise ValueError(f"{path}: no cardinality for {missing}")
-    return [int(recorded[name]) for name in CAT_COLUMNS]
 
 
 def dictionary_stats(dictionary, cardinalities: list[int]) -> dict[int, tuple[int, int]]:
@@ -327,24 +303,6 @@ class MappingStream:
         log.info("%s: %d rows written in %.1f s (%.0f rows/s)", self.name, self.rows, seconds,
                  self.rows / max(seconds, 1e-9))
         shutil.rmtree(self.parquet_dir)
-
-
-def parse_args(argv: Sequence[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description="Criteo days + dictionary -> split-binary train/test/validation")
-    parser.add_argument("--train-days", required=True, nargs="+", help="columnar/ directories of the train days")
-    parser.add_argument("--test-day", required=True, help="columnar/ directory of the test (+ validation) day")
-    parser.add_argument("--dictionary", required=True, type=Path, help="output directory of criteo_dictionary")
-    parser.add_argument("--output", required=True, type=Path, help="dataset directory (replaced atomically)")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the train shuffle")
-    parser.add_argument("--broadcast-max-values", type=int, default=1_000_000,
-                        help="columns with more dictionary values use the skew-safe join")
-    parser.add_argument("--skew-cutoff-pct", type=float, default=1.0,
-                        help="NVIDIA's --skew_broadcast_pct: values above this share of occurrences are broadcast")
-    parser.add_argument("--dictionary-lookup", choices=LOOKUPS, default="arrow",
-                        help="broadcast-sized columns: one mapInArrow pass (arrow, CPU) or a join per column (join, "
-                             "NVIDIA's plan; the GPU profile's)")
-    parser.add_argument("--inputs-json", default="{}", help="what identifies this work, recorded in the manifest")
-    return parser.parse_args(argv)
 
 
 def build_frames(spark, args: argparse.Namespace, stats: dict[int, tuple[int, int]], dictionary):

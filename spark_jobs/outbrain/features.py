@@ -46,26 +46,25 @@ At full size see docs/OUTBRAIN.md, "Features at full size".
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from spark_jobs.common import configure_logging, log, run_job, spark_session
 from tasks.core.config import REPO_ROOT
-from tasks.outbrain.features import (CTR_THRESHOLDS, DISPLAY_ID, HASH_BUCKET_SIZES, LABEL, MULTIHOT_COLUMNS,
-                                     NUMERIC_COLUMNS, ONEHOT_COLUMNS, RAW_AD_ID, TRAIN_MAX_DAY, VALID_FRACTION)
+from tasks.outbrain.contract import (CTR_THRESHOLDS, DISPLAY_ID, HASH_BUCKET_SIZES, LABEL, MULTIHOT_COLUMNS,
+                                     NUMERIC_COLUMNS, ONEHOT_COLUMNS, PARQUET_DIR, RAW_AD_ID, STATS_DIR, STATS_FILE,
+                                     TRAIN_MAX_DAY, VALID_FRACTION)
+from tasks.outbrain.contract import parse_features_args as parse_args
 
 SQL_DIR = REPO_ROOT / "sql" / "outbrain"
 DOCUMENT_TABLES = ("events", "promoted_content", "documents_meta", "documents_topics", "documents_entities",
                    "documents_categories")
-STATS_DIR, PARQUET_DIR = "stats", "parquet"
 CTR_COUNTS, IDF, NUMERIC_STATS = "ctr_counts", "idf", "numeric.json"
-STATS_FILE = "stats.json"
 FEATURE_COLUMNS = [LABEL, *ONEHOT_COLUMNS, *MULTIHOT_COLUMNS, *NUMERIC_COLUMNS, DISPLAY_ID]
 MEDIAN_FEATURES = ("publish_time_days_since_published", "publish_time_promo_days_since_published")
 COUNT_FEATURES = ("ad_id_count", "document_id_promo_count")
@@ -77,27 +76,6 @@ class FeaturesResult:
     stats: dict
 
 
-def parse_args(argv: Sequence[str], *, description: str = "Outbrain tables -> Wide & Deep features",
-               extend: Callable[[argparse.ArgumentParser], None] | None = None) -> argparse.Namespace:
-    """The features job's command line, shared by the engines: `extend` adds an engine's own options (nvt_jobs/
-    outbrain.py: --device, --workers)."""
-    parser = argparse.ArgumentParser(description=description)
-    if extend is not None:
-        extend(parser)
-    parser.add_argument("mode", choices=("fit", "transform"))
-    parser.add_argument("--tables", required=True, type=Path, help="directory of <table>/part-*.parquet")
-    parser.add_argument("--clicks-table", default=None, help="default: clicks_train (fit), clicks_test (transform)")
-    parser.add_argument("--output", required=True, type=Path, help="where to write (the caller makes it atomic)")
-    parser.add_argument("--stats", type=Path, help="transform: the stats/ directory a fit wrote")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the split and of train's row order")
-    parser.add_argument("--parquet-files", type=int, default=8, help="part files per mapping")
-    args = parser.parse_args(argv)
-    if args.mode == "transform" and args.stats is None:
-        parser.error("transform needs --stats (the stats/ directory of a fitted features dataset)")
-    if args.seed < 0 or args.parquet_files < 1:
-        parser.error("--seed must be >= 0 and --parquet-files >= 1")
-    args.clicks_table = args.clicks_table or ("clicks_train" if args.mode == "fit" else "clicks_test")
-    return args
 
 
 # ---- statements -------------------------------------------------------------------------------------------------

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import time
 from pathlib import Path
 from typing import Any
@@ -18,6 +17,7 @@ from urllib.parse import quote
 
 from tasks.core.config import NotAllowed, Settings
 from tasks.core.download_sources import DownloadError
+from tasks.core.settings_registry import read
 from tasks.core.profiles import dlrm_model_config
 from tasks.core.storage import completed_manifest, fingerprint, read_manifest
 from tasks.release import runs
@@ -87,7 +87,7 @@ def resolve_run(settings: Settings, params: dict[str, Any], run_type: str = "man
     from tasks.core.download import check_source_allowed
     from tasks.core.profiles import resolve_knobs
 
-    spec_uri = params.get("spec_uri") or os.environ.get(SPEC_URI_ENV)
+    spec_uri = params.get("spec_uri") or read(SPEC_URI_ENV)
     if not spec_uri:
         raise ValueError(f"no spec_uri: name the FeatureSpec yaml (file://, http(s):// or s3://) in the trigger "
                          f"form or set {SPEC_URI_ENV}")

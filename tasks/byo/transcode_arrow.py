@@ -39,11 +39,12 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.csv as pacsv
 
-from spark_jobs.byo.transcode import TranscodeResult, check_bad_rows, parse_args
+from tasks.byo.contract import (MAX_LINE_BYTES, TranscodeResult, check_bad_rows, column_bad, open_csv,
+                                parse_block)
+from tasks.byo.contract import parse_transcode_args as parse_args
 from tasks.byo.spec import (CATEGORICAL_CHANNEL, FLOAT16_MAX, LABEL_CHANNEL, MAPPINGS, NUMERICAL_CHANNEL,
                             CsvChunk, csv_chunks, declared_cardinalities, load_csv_spec, renamed_features,
                             resolve_cardinalities)
-from tasks.byo.validation import MAX_LINE_BYTES, _column_bad, _parse_block, open_csv
 from tasks.core.progress import ProgressLog
 from tasks.core.storage import Manifest, atomic_directory, write_manifest
 from tasks.core.validation import keep_lines, line_bounds
@@ -168,7 +169,7 @@ def _fast_parse(chunk: CsvChunk, block: bytes, count: int) -> ParsedLines | None
     values = {}
     for feature, channel, column in zip(chunk.features, chunk.channels, table.columns):
         if channel == LABEL_CHANNEL:
-            bad, numbers = _column_bad(column.combine_chunks(), channel)
+            bad, numbers = column_bad(column.combine_chunks(), channel)
             ok &= ~bad
             values[feature] = numbers
             continue
@@ -242,9 +243,9 @@ def _exact_parse(chunk: CsvChunk, block: bytes, count: int) -> ParsedLines:
     values = {f: np.zeros(count, np.float64) for f in chunk.features}
     rows = np.flatnonzero(good)
     if len(rows):
-        table = _parse_block(block if good.all() else keep_lines(arr, starts, ends, good), chunk.features)
+        table = parse_block(block if good.all() else keep_lines(arr, starts, ends, good), chunk.features)
         for index, (feature, channel) in enumerate(zip(chunk.features, chunk.channels)):
-            bad, numbers = _column_bad(table.column(index).combine_chunks(), channel)
+            bad, numbers = column_bad(table.column(index).combine_chunks(), channel)
             ok[rows[bad]] = False
             values[feature][rows] = numbers
     return ParsedLines(ok, values)
@@ -365,7 +366,7 @@ def spilled_batches(directory: Path, rows: int, n_numerical: int, n_categorical:
 
 
 def main(argv: Sequence[str]) -> TranscodeResult:
-    """The Spark job's command line (spark_jobs/byo/transcode.py parse_args), run here."""
+    """The transcode job's command line (tasks/byo/contract.py, the Spark job's too), run here."""
     from tasks.formats.split_binary import write_dataset
 
     args = parse_args(argv)

@@ -22,6 +22,9 @@ from typing import Any
 
 import numpy as np
 
+from tasks.byo.contract import MAX_LINE_BYTES, open_csv
+from tasks.byo.contract import column_bad as _column_bad
+from tasks.byo.contract import parse_block as _parse_block
 from tasks.byo.spec import (CATEGORICAL_CHANNEL, FLOAT16_MAX, MAPPINGS, NUMERICAL_CHANNEL, PATTERNS,
                             RULE_TEXT, CsvChunk, csv_chunks, declared_cardinalities)
 from tasks.core.progress import ProgressLog
@@ -32,7 +35,6 @@ from tasks.formats.feature_spec import FeatureSpec
 
 log = logging.getLogger(__name__)
 
-MAX_LINE_BYTES = 1 << 20
 EVIDENCE_ROWS = 2_000   # first rows of each file handed to GX
 PROGRESS_EVERY_S = 10.0
 FIELD_COUNT = "field_count"
@@ -64,50 +66,6 @@ class FileResult:
     lines: int
     bad: int
     max_ids: dict[str, int]   # categorical -> largest id in the file's good rows (-1: none)
-
-
-def open_csv(path: Path):
-    """A CSV file as a binary stream, decompressed while read when its name says so (.gz; also .bz2, .lz4, .zst:
-    pyarrow's detection by extension, as the transcode reads it)."""
-    import pyarrow as pa
-
-    return pa.input_stream(str(path), compression="detect")
-
-
-def _parse_block(data: bytes, names: tuple[str, ...]):
-    """The lines of `data` (each with the right field count) as a table of strings, one column per feature."""
-    import pyarrow as pa
-    import pyarrow.csv as pacsv
-
-    return pacsv.read_csv(
-        pa.py_buffer(data),
-        read_options=pacsv.ReadOptions(column_names=list(names), block_size=max(1 << 20, len(data) + 1)),
-        parse_options=pacsv.ParseOptions(delimiter=",", quote_char=False, escape_char=False,
-                                          ignore_empty_lines=False),
-        convert_options=pacsv.ConvertOptions(column_types={n: pa.string() for n in names},
-                                             strings_can_be_null=False, quoted_strings_can_be_null=False))
-
-
-def _column_bad(column, channel: str) -> tuple[np.ndarray, np.ndarray]:
-    """(mask of values breaking the channel's rule, values as float64 with 0 where bad). `column`: a string Array.
-    Converted through buffers, not to_numpy / pa.scalar, which import pandas (a third of a second a process)."""
-    import pyarrow.compute as pc
-
-    matches = pc.match_substring_regex(column, PATTERNS[channel])
-    ok = _bool_numpy(matches)
-    values = np.zeros(len(column), np.float64)
-    good = pc.cast(pc.filter(column, matches), "float64")
-    values[ok] = np.frombuffer(good.buffers()[1], np.float64)[good.offset:good.offset + len(good)]
-    if channel == NUMERICAL_CHANNEL:
-        ok &= np.abs(values) <= FLOAT16_MAX
-        values = np.where(ok, values, 0.0)
-    return ~ok, values
-
-
-def _bool_numpy(array) -> np.ndarray:
-    """A BooleanArray without nulls as a numpy bool array, from its bitmap."""
-    bits = np.unpackbits(np.frombuffer(array.buffers()[1], np.uint8), bitorder="little")
-    return bits[array.offset:array.offset + len(array)].astype(bool)
 
 
 class _FileChecker:

@@ -1,53 +1,9 @@
 """The one home of recflow's deployment settings: a dataclass with defaults, overridden by the environment.
 
 These settings name no dataset; each dataset package keeps its own (its settings.py: partition epoch, source) and
-each pipeline its training profiles. Environment variables (all optional; with none set, everything runs here):
-  RECFLOW_DATA_ROOT        where every output lives (default: <repo>/data)
-  RECFLOW_BAD_ROW_BUDGET   fraction of malformed rows tolerated per partition (default 0.001)
-  RECFLOW_SPARK_PROFILE    local | cluster | gpu (default local)
-  RECFLOW_PUBLISH_URI      where published models go: a directory or s3://bucket/prefix (default: <data root>/published)
-  RECFLOW_FILE_SOURCE_ROOTS  directories a file:// source (a DAG's source_url param) may read from, separated by
-                           ':' (default: the data root, plus each dataset's configured file:// source folder)
-  RECFLOW_PROFILE          training profile of scheduled and asset-triggered runs (default: full)
-  RECFLOW_TRAIN_DEVICE     device of scheduled runs: cpu | cuda | auto (default auto)
-  RECFLOW_TRAIN_NPROC      training processes per node of scheduled runs (default 1)
-  RECFLOW_TRAIN_NNODES     machines one training job spans (default 1); each runs a launcher (docs/scale_out.md)
-  RECFLOW_TRAIN_NODE_RANK  this machine's place among them, 0 .. NNODES-1 (default 0; node 0 hosts the rendezvous)
-  RECFLOW_TRAIN_RDZV_ENDPOINT  host:port of torchrun's c10d rendezvous on node 0 (needed when NNODES > 1)
-  RECFLOW_TRAIN_NODE_HOSTS every node's address in node-rank order, separated by commas or spaces (TensorFlow
-                           workers on several nodes: TF_CONFIG names them all)
-  RECFLOW_TRAIN_TF_PORT    TensorFlow workers across nodes: worker k of the job listens on this port + k
-  RECFLOW_REGISTRY_CONN_ID Airflow connection (postgres / sqlite) of the model registry (default: none, the SQLite
-                           file <data root>/registry.db); a named connection that does not exist fails the task
-  RECFLOW_SOURCE_ALLOWED_PREFIXES  http(s):// and s3:// URL prefixes a source URL (a DAG's source_url param) may
-                           start with, separated by commas or spaces (default: the folder of each dataset's
-                           configured http(s)/s3 source template; none for file:// templates)
-  RECFLOW_PUBLISH_ALLOWED  directories and s3://bucket[/prefix] a publish URI (a DAG's publish_uri param) may lie
-                           under, separated by commas or spaces (default: the configured publish store only)
-  RECFLOW_ALLOWED_CONN_IDS Airflow connections a trigger form may name for credentials (aws_conn_id), separated by
-                           commas or spaces (default: aws_default)
-  RECFLOW_PARTITION_LOCK_TIMEOUT_S  seconds a step waits for another run's lock on the same partition before it
-                           fails, to be retried (default 3600)
-  RECFLOW_RELEASE_MIN_VALUE, RECFLOW_RELEASE_MAX_REGRESSION  the loosest gate a trigger form may ask for: the lowest
-                           min_<metric> (min_auc, min_hr, min_map) and the highest max_regression (default: the
-                           values of the deployment's RECFLOW_PROFILE). A form may only tighten them (issue #24)
-  RECFLOW_DOWNLOAD_MAX_BYTES  source bytes one download may fetch (default 64 GiB; the largest daily click log of
-                           the public datasets is ~15 GB gzipped)
-  RECFLOW_EXPANDED_MAX_BYTES  bytes one gunzip or one zip extraction may write (default 64 GiB; that day is ~46 GB
-                           of TSV): a decompression bomb is refused at the cap, not when the disk is full
-  RECFLOW_DOWNLOAD_DEADLINE_S seconds one download may take in all, resumes included (default 21600 = 6 h): a server
-                           that trickles bytes fails the task by then instead of holding a pool slot forever
-  RECFLOW_TASK_TIMEOUT_S, RECFLOW_DOWNLOAD_TASK_TIMEOUT_S, RECFLOW_SPARK_TASK_TIMEOUT_S, RECFLOW_TRAIN_TASK_TIMEOUT_S
-                           every task's Airflow execution_timeout by kind (defaults 6 h, 12 h, 24 h, 72 h: sized for
-                           full-scale runs; tasks.dagkit applies them)
-  RECFLOW_MAX_WINDOW_DAYS  most days one training window may hold (default 366)
-  RECFLOW_MAX_DAY_INDEX    highest day index a run may name (default 10000)
-  RECFLOW_MAX_LINE_BYTES   longest raw line read as a row (default 64 KiB): longer lines are bad rows, and never
-                           reach Spark's text reader whole
-  RECFLOW_TRAIN_MEMORY_BYTES  memory one training node may use, for the model-size preflight (default: the worker's
-                           MemAvailable from /proc/meminfo)
-  RECFLOW_CODE_VERSION     the commit of the running code, for lineage (the image sets it at build time from the
-                           GIT_COMMIT build arg; default: `git rev-parse HEAD` of the checkout, else 'unknown')
+each pipeline its training profiles. Every environment variable (all optional; with none set, everything runs here) is
+declared once, with its type, default and doc, in tasks/core/settings_registry.py and read through that declaration;
+`python -m tasks settings` lists them with their current values, and the README's table is generated from them.
 
 An input outside an allow-list raises a NotAllowed error whose one line names the setting to change; it is bad input,
 so the DAGs fail the task without retry.
@@ -62,6 +18,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from urllib.parse import urlsplit
+
+from tasks.core.settings_registry import read
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 _LIST_SEPARATORS = re.compile(r"[,\s]+")
@@ -141,47 +99,47 @@ def load_settings(env: dict[str, str] | None = None) -> Settings:
     """Settings from the environment (or the mapping given), falling back to the embedded defaults."""
     env = os.environ if env is None else env
     overrides: dict[str, object] = {}
-    if env.get("RECFLOW_DATA_ROOT"):
-        overrides["data_root"] = Path(env["RECFLOW_DATA_ROOT"]).expanduser().resolve()
-    if env.get("RECFLOW_BAD_ROW_BUDGET"):
-        overrides["bad_row_budget"] = float(env["RECFLOW_BAD_ROW_BUDGET"])
-    if env.get("RECFLOW_SPARK_PROFILE"):
-        overrides["spark_profile"] = env["RECFLOW_SPARK_PROFILE"]
-    if env.get("RECFLOW_PUBLISH_URI"):
-        overrides["publish_uri"] = env["RECFLOW_PUBLISH_URI"]
-    if env.get("RECFLOW_FILE_SOURCE_ROOTS"):
+    if read("RECFLOW_DATA_ROOT", env):
+        overrides["data_root"] = Path(read("RECFLOW_DATA_ROOT", env)).expanduser().resolve()
+    if read("RECFLOW_BAD_ROW_BUDGET", env):
+        overrides["bad_row_budget"] = float(read("RECFLOW_BAD_ROW_BUDGET", env))
+    if read("RECFLOW_SPARK_PROFILE", env):
+        overrides["spark_profile"] = read("RECFLOW_SPARK_PROFILE", env)
+    if read("RECFLOW_PUBLISH_URI", env):
+        overrides["publish_uri"] = read("RECFLOW_PUBLISH_URI", env)
+    if read("RECFLOW_FILE_SOURCE_ROOTS", env):
         overrides["file_source_roots"] = tuple(Path(p).expanduser().resolve()
-                                               for p in env["RECFLOW_FILE_SOURCE_ROOTS"].split(":") if p)
-    if env.get("RECFLOW_PROFILE"):
-        overrides["profile"] = env["RECFLOW_PROFILE"]
-    if env.get("RECFLOW_TRAIN_DEVICE"):
-        device = env["RECFLOW_TRAIN_DEVICE"]
+                                               for p in read("RECFLOW_FILE_SOURCE_ROOTS", env).split(":") if p)
+    if read("RECFLOW_PROFILE", env):
+        overrides["profile"] = read("RECFLOW_PROFILE", env)
+    if read("RECFLOW_TRAIN_DEVICE", env):
+        device = read("RECFLOW_TRAIN_DEVICE", env)
         if device not in ("cpu", "cuda", "auto"):
             raise ValueError(f"RECFLOW_TRAIN_DEVICE={device!r}: expected cpu, cuda or auto")
         overrides["train_device"] = device
-    if env.get("RECFLOW_REGISTRY_CONN_ID"):
-        overrides["registry_conn_id"] = env["RECFLOW_REGISTRY_CONN_ID"]
-    if env.get("RECFLOW_TRAIN_NPROC"):
-        overrides["train_nproc"] = int(env["RECFLOW_TRAIN_NPROC"])
+    if read("RECFLOW_REGISTRY_CONN_ID", env):
+        overrides["registry_conn_id"] = read("RECFLOW_REGISTRY_CONN_ID", env)
+    if read("RECFLOW_TRAIN_NPROC", env):
+        overrides["train_nproc"] = int(read("RECFLOW_TRAIN_NPROC", env))
     overrides.update(_multi_node_overrides(env))
-    if env.get("RECFLOW_SOURCE_ALLOWED_PREFIXES"):
-        prefixes = _list(env["RECFLOW_SOURCE_ALLOWED_PREFIXES"])
+    if read("RECFLOW_SOURCE_ALLOWED_PREFIXES", env):
+        prefixes = _list(read("RECFLOW_SOURCE_ALLOWED_PREFIXES", env))
         for prefix in prefixes:
             parts = urlsplit(prefix)
             if parts.scheme.lower() not in ("http", "https", "s3") or not parts.netloc:
                 raise ValueError(f"RECFLOW_SOURCE_ALLOWED_PREFIXES: {prefix!r} is not an http(s):// or s3:// URL "
                                  "prefix with a host or bucket (file:// sources use RECFLOW_FILE_SOURCE_ROOTS)")
         overrides["source_allowed_prefixes"] = prefixes
-    if env.get("RECFLOW_PUBLISH_ALLOWED"):
-        overrides["publish_allowed"] = _list(env["RECFLOW_PUBLISH_ALLOWED"])
-    if env.get("RECFLOW_ALLOWED_CONN_IDS"):
-        overrides["allowed_conn_ids"] = _list(env["RECFLOW_ALLOWED_CONN_IDS"])
-    if env.get("RECFLOW_PARTITION_LOCK_TIMEOUT_S"):
-        overrides["partition_lock_timeout_s"] = float(env["RECFLOW_PARTITION_LOCK_TIMEOUT_S"])
+    if read("RECFLOW_PUBLISH_ALLOWED", env):
+        overrides["publish_allowed"] = _list(read("RECFLOW_PUBLISH_ALLOWED", env))
+    if read("RECFLOW_ALLOWED_CONN_IDS", env):
+        overrides["allowed_conn_ids"] = _list(read("RECFLOW_ALLOWED_CONN_IDS", env))
+    if read("RECFLOW_PARTITION_LOCK_TIMEOUT_S", env):
+        overrides["partition_lock_timeout_s"] = float(read("RECFLOW_PARTITION_LOCK_TIMEOUT_S", env))
     for name, key in (("RECFLOW_RELEASE_MIN_VALUE", "release_min_value"),
                       ("RECFLOW_RELEASE_MAX_REGRESSION", "release_max_regression")):
-        if env.get(name):
-            overrides[key] = float(env[name])
+        if read(name, env):
+            overrides[key] = float(read(name, env))
     overrides.update(_limit_overrides(env))
     return replace(Settings(), **overrides)
 
@@ -206,14 +164,14 @@ def _limit_overrides(env: Mapping[str, str]) -> dict[str, object]:
     """The input-limit settings set in the environment, each a positive number (one line naming it otherwise)."""
     overrides: dict[str, object] = {}
     for name, key, kind in _LIMITS:
-        if env.get(name):
+        if read(name, env):
             try:
-                value = kind(env[name])
+                value = kind(read(name, env))
             except ValueError:
                 expected = "an integer" if kind is int else "a number"
-                raise ValueError(f"{name}={env[name]!r}: expected {expected}") from None
+                raise ValueError(f"{name}={read(name, env)!r}: expected {expected}") from None
             if value < 0 or (value == 0 and key != "train_memory_bytes"):
-                raise ValueError(f"{name}={env[name]!r}: expected a positive value")
+                raise ValueError(f"{name}={read(name, env)!r}: expected a positive value")
             overrides[key] = value
     return overrides
 
@@ -223,23 +181,23 @@ def _multi_node_overrides(env: Mapping[str, str]) -> dict[str, object]:
     overrides: dict[str, object] = {}
     for name, key in (("RECFLOW_TRAIN_NNODES", "train_nnodes"), ("RECFLOW_TRAIN_NODE_RANK", "train_node_rank"),
                       ("RECFLOW_TRAIN_TF_PORT", "train_tf_port")):
-        if env.get(name):
+        if read(name, env):
             try:
-                overrides[key] = int(env[name])
+                overrides[key] = int(read(name, env))
             except ValueError:
-                raise ValueError(f"{name}={env[name]!r}: expected an integer") from None
+                raise ValueError(f"{name}={read(name, env)!r}: expected an integer") from None
     nnodes, rank = overrides.get("train_nnodes", 1), overrides.get("train_node_rank", 0)
     if nnodes < 1 or not 0 <= rank < nnodes:
         raise ValueError(f"RECFLOW_TRAIN_NODE_RANK={rank} with RECFLOW_TRAIN_NNODES={nnodes}: "
                          f"expected 0 .. {nnodes - 1}")
-    if env.get("RECFLOW_TRAIN_RDZV_ENDPOINT"):
-        endpoint = env["RECFLOW_TRAIN_RDZV_ENDPOINT"].strip()
+    if read("RECFLOW_TRAIN_RDZV_ENDPOINT", env):
+        endpoint = read("RECFLOW_TRAIN_RDZV_ENDPOINT", env).strip()
         host, _, port = endpoint.rpartition(":")
         if not host or not port.isdigit():
             raise ValueError(f"RECFLOW_TRAIN_RDZV_ENDPOINT={endpoint!r}: expected host:port")
         overrides["train_rdzv_endpoint"] = endpoint
-    if env.get("RECFLOW_TRAIN_NODE_HOSTS"):
-        hosts = _list(env["RECFLOW_TRAIN_NODE_HOSTS"])
+    if read("RECFLOW_TRAIN_NODE_HOSTS", env):
+        hosts = _list(read("RECFLOW_TRAIN_NODE_HOSTS", env))
         if len(hosts) != nnodes:
             raise ValueError(f"RECFLOW_TRAIN_NODE_HOSTS names {len(hosts)} host(s) for RECFLOW_TRAIN_NNODES={nnodes}")
         overrides["train_node_hosts"] = hosts
@@ -265,7 +223,7 @@ def url_template_prefix(template: str) -> str | None:
 def code_version() -> str:
     """The commit of the running code, for lineage: RECFLOW_CODE_VERSION (baked into the image at build time),
     else `git rev-parse HEAD` of the checkout, else 'unknown'."""
-    baked = os.environ.get("RECFLOW_CODE_VERSION", "").strip()
+    baked = (read("RECFLOW_CODE_VERSION") or "").strip()
     if baked:
         return baked
     try:
@@ -317,7 +275,7 @@ def choose_engine(engine: str | None, env_var: str, engines: tuple[str, ...], de
 
 def engine_choice(engine: str | None, env_var: str, engines: tuple[str, ...], default: str) -> tuple[str, str]:
     """choose_engine's engine and where it came from: "asked for", the env_var's name, or "default"."""
-    from_env = os.environ.get(env_var)
+    from_env = read(env_var)
     chosen, where = (engine, "asked for") if engine else (from_env, env_var) if from_env else (default, "default")
     if chosen not in engines:
         raise ValueError(f"{'engine' if engine else env_var} {chosen!r}: expected one of {', '.join(engines)}")

@@ -26,6 +26,7 @@ from pathlib import Path
 
 from tasks.core.config import REPO_ROOT
 from tasks.core.process import run_streaming
+from tasks.core.settings_registry import read, value
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +49,7 @@ class NvtJobFailed(RuntimeError):
 
 def nvt_python() -> Path:
     """The interpreter of NVTabular's environment; NvtEnvironmentMissing (one line, with the fix) when absent."""
-    configured = os.environ.get(PYTHON_ENV)
+    configured = read(PYTHON_ENV)
     python = Path(configured) if configured else DEFAULT_VENV / "bin" / "python"
     if not (python.is_file() and os.access(python, os.X_OK)):
         where = f"{PYTHON_ENV}={configured}" if configured else str(python)
@@ -59,14 +60,14 @@ def nvt_python() -> Path:
 
 
 def nvt_device() -> str:
-    device = os.environ.get(DEVICE_ENV, "auto")
+    device = value(DEVICE_ENV)
     if device not in DEVICES:
         raise ValueError(f"{DEVICE_ENV} {device!r}: expected one of {', '.join(DEVICES)}")
     return device
 
 
 def nvt_workers() -> int:
-    text = os.environ.get(WORKERS_ENV)
+    text = read(WORKERS_ENV)
     if text is None:
         return min(os.cpu_count() or 1, 2)
     try:

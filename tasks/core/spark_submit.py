@@ -47,6 +47,7 @@ from pathlib import Path
 
 from tasks.core.config import REPO_ROOT, engine_choice
 from tasks.core.process import run_streaming
+from tasks.core.settings_registry import read
 from tasks.core.storage import atomic_file
 
 log = logging.getLogger(__name__)
@@ -183,15 +184,16 @@ class GpuExecutor:
         the defaults."""
         env = os.environ if env is None else env
         values: dict[str, int] = {}
-        if env.get("RECFLOW_GPU_EXECUTOR_CORES"):
-            text = env["RECFLOW_GPU_EXECUTOR_CORES"]
+        if read("RECFLOW_GPU_EXECUTOR_CORES", env):
+            text = read("RECFLOW_GPU_EXECUTOR_CORES", env)
             if not text.strip().isdigit():
                 raise ValueError(f"RECFLOW_GPU_EXECUTOR_CORES={text!r}: expected a positive integer")
             values["cores"] = int(text)
-        if env.get("RECFLOW_GPU_EXECUTOR_MEMORY"):
-            values["memory_mib"] = parse_size_mib(env["RECFLOW_GPU_EXECUTOR_MEMORY"], "RECFLOW_GPU_EXECUTOR_MEMORY")
-        if env.get("RECFLOW_GPU_MEMORY"):
-            values["gpu_memory_mib"] = parse_size_mib(env["RECFLOW_GPU_MEMORY"], "RECFLOW_GPU_MEMORY")
+        if read("RECFLOW_GPU_EXECUTOR_MEMORY", env):
+            values["memory_mib"] = parse_size_mib(read("RECFLOW_GPU_EXECUTOR_MEMORY", env),
+                                                  "RECFLOW_GPU_EXECUTOR_MEMORY")
+        if read("RECFLOW_GPU_MEMORY", env):
+            values["gpu_memory_mib"] = parse_size_mib(read("RECFLOW_GPU_MEMORY", env), "RECFLOW_GPU_MEMORY")
         return cls(**values)
 
     @property
@@ -242,7 +244,7 @@ def rapids_conf(profile: str, master: str, executor: GpuExecutor, spark_version:
             "spark.executor.resource.gpu.amount": "1",
             "spark.task.resource.gpu.amount": executor.task_gpu_amount,
             "spark.executor.resource.gpu.discoveryScript":
-                os.environ.get("RECFLOW_GPU_DISCOVERY_SCRIPT") or GPU_DISCOVERY_SCRIPT,
+                read("RECFLOW_GPU_DISCOVERY_SCRIPT") or GPU_DISCOVERY_SCRIPT,
         })
         if not master.startswith("spark://"):  # YARN / Kubernetes containers: the pinned pool lives off-heap
             conf["spark.executor.memoryOverhead"] = f"{executor.memory_overhead_mib}m"
@@ -369,14 +371,14 @@ class SparkSubmit:
                                     self.spark_version or installed_spark_version(), self.rapids_jar_path()))
         conf["spark.pyspark.python"] = sys.executable
         conf.setdefault("spark.driver.extraJavaOptions", f"-Dlog4j2.configurationFile={LOG4J_CONF.as_uri()}")
-        driver_host = self.driver_host or os.environ.get("RECFLOW_SPARK_DRIVER_HOST")
+        driver_host = self.driver_host or read("RECFLOW_SPARK_DRIVER_HOST")
         if self.on_cluster and driver_host:
             conf["spark.driver.host"] = driver_host
         conf.update(self.conf_overrides)
         return conf
 
     def rapids_jar_path(self) -> str | None:
-        return self.rapids_jar or os.environ.get("RECFLOW_RAPIDS_JAR") or None
+        return self.rapids_jar or read("RECFLOW_RAPIDS_JAR") or None
 
     def argv(self) -> list[str]:
         if self.profile in GPU_PROFILES:

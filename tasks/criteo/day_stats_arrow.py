@@ -31,7 +31,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from spark_jobs.criteo.day_stats import COLUMNAR, COUNTS, ROW_ORDER
+from tasks.criteo.contract import COLUMNAR, COUNTS, ROW_ORDER
 from tasks.core.progress import ProgressLog
 from tasks.core.storage import Manifest, atomic_directory, write_manifest
 from tasks.criteo.raw_fields import binary_parts

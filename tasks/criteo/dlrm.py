@@ -132,8 +132,8 @@ def export(settings: Settings, run_id: str, run: dict[str, Any]) -> dict[str, An
     """Serving export of the trained model as a Triton model repository, checked against the model it came from
     (TorchScript for PyTorch, models.dlrm.export; a SavedModel for TensorFlow, models.dlrm_tf.export), and
     preprocessing.json (how raw rows become the model's inputs); publish only reads them (safe to retry)."""
-    from spark_jobs.criteo.dictionary import parse_threshold_overrides
     from tasks.core.launch import run_module
+    from tasks.criteo.contract import parse_threshold_overrides
     from tasks.criteo.predict import PREPROCESSING_FILE, preprocessing_spec
 
     paths = run_paths(settings, run_id)
@@ -195,7 +195,7 @@ def publishable_files(settings: Settings, run_id: str, run: dict[str, Any]) -> d
     preprocessing.json, the FeatureSpec, the Triton repository (TorchScript or SavedModel), plus the training
     curves, log and the gate's record. Raises FileNotFoundError naming what is missing, then NotAllowed for a
     version predict could not score (check_scorable)."""
-    from spark_jobs.criteo.dictionary import DICTIONARY
+    from tasks.criteo.contract import DICTIONARY
     from tasks.criteo.predict import DICTIONARY_PREFIX, PREPROCESSING_FILE
 
     paths, framework = run_paths(settings, run_id), framework_of(run)

@@ -1,8 +1,8 @@
 """Criteo's dictionary and transform on one machine with pyarrow + numpy: the Spark jobs' output, byte for byte.
 
-  dictionary_main(argv)   the argv of spark_jobs/criteo/dictionary.py; the same dictionary/ rows, cardinalities.json,
+  dictionary_main(argv)   the dictionary job's argv (contract.py); the same dictionary/ rows, cardinalities.json,
                           model_size.json and manifest `extra` (plus extra.engine = "arrow")
-  transform_main(argv)    the argv of spark_jobs/criteo/transform.py; the same split-binary files, feature_spec.yaml and
+  transform_main(argv)    the transform job's argv (contract.py); the same split-binary files, feature_spec.yaml and
                           manifest `extra` (plus extra.engine = "arrow"); join options only name the joins recorded
 
 Why: on one machine the Spark jobs pay ~10 s of JVM start each and stream every output row through the driver
@@ -49,10 +49,9 @@ import pyarrow.compute as pc
 import pyarrow.dataset as pads
 import pyarrow.parquet as pq
 
-from spark_jobs.criteo import dictionary as spark_dictionary
-from spark_jobs.criteo import transform as spark_transform
-from spark_jobs.criteo.dictionary import DICTIONARY, DictionaryResult
-from spark_jobs.criteo.transform import INDEX_MASK, MAPPINGS, PARTITION_SHIFT, ROW_ORDER, TransformResult
+from tasks.criteo import contract
+from tasks.criteo.contract import (DICTIONARY, INDEX_MASK, MAPPINGS, PARTITION_SHIFT, ROW_ORDER, DictionaryResult,
+                                   TransformResult)
 from tasks.core.progress import ProgressLog
 from tasks.core.xxhash import SPARK_HASH_SEED, xxhash64_int, xxhash64_long
 from tasks.core.storage import Manifest, atomic_directory, write_manifest
@@ -145,9 +144,9 @@ def column_dictionary(path: Path | None, index: int, threshold: int) -> tuple[pa
 
 def dictionary_main(argv: Sequence[str]) -> DictionaryResult:
     """spark_jobs/criteo/dictionary.py's main, in this process (its argv, its output)."""
-    args = spark_dictionary.parse_args(argv)
-    thresholds = spark_dictionary.column_thresholds(
-        args.frequency_threshold, spark_dictionary.parse_threshold_overrides(args.threshold_overrides))
+    args = contract.parse_dictionary_args(argv)
+    thresholds = contract.column_thresholds(
+        args.frequency_threshold, contract.parse_threshold_overrides(args.threshold_overrides))
     started = time.monotonic()
     with atomic_directory(args.output) as tmp:
         log.info("summing value counts of %d days (arrow): %s", len(args.counts), ", ".join(args.counts))
@@ -160,7 +159,7 @@ def dictionary_main(argv: Sequence[str]) -> DictionaryResult:
                 if rows.num_rows:
                     out.write_table(rows)
         shutil.rmtree(tmp / SPILL_DIR)
-        cardinalities = spark_dictionary.write_sizes(tmp, summary)
+        cardinalities = contract.write_sizes(tmp, summary)
         values = sum(int(s["kept"]) for s in summary.values())
         for name, s in summary.items():
             log.info("%s: threshold %d, kept %d values, dropped %d, %.2f%% of occurrences kept", name,
@@ -534,9 +533,9 @@ def transform_main(argv: Sequence[str], *, bucket_rows: int = BUCKET_ROWS, worke
     encoded_by: the engine that already encoded the days given (`nvtabular`: its workflow's output, with ids and
     log numericals in place); they are then only ordered, split and written, and the manifest names that engine.
     """
-    args = spark_transform.parse_args(argv)
+    args = contract.parse_transform_args(argv)
     started = time.monotonic()
-    cardinalities = spark_transform.load_cardinalities(args.dictionary)
+    cardinalities = contract.load_cardinalities(args.dictionary)
     if encoded_by is None:
         lookup = DictionaryLookup(args.dictionary, cardinalities)  # checks the dictionary before any work
         joins = {name: "empty" if len(values) == 0 else "broadcast" if len(values) <= args.broadcast_max_values

@@ -17,8 +17,24 @@ from datetime import date, datetime, timezone
 from pathlib import Path
 
 from tasks.core.config import DatasetSource
+from tasks.core.settings_registry import Setting, declare, read, value
 
 DAY_STATS_ENGINES = ("arrow", "spark")
+_LOCAL_OR_SPARK = "`arrow` on a local Spark master (or none) and the local profile, else `spark`"
+
+declare(
+    Setting("RECFLOW_CRITEO_EPOCH", "date", "2026-01-01", "logical date of Criteo day 0"),
+    Setting("RECFLOW_CRITEO_SOURCE", "url", "", "URL template of raw days with `{day}` (`file://`, `http(s)://`, "
+            "`s3://`; `.gz` is decompressed)", default_note="`file://$RECFLOW_DATA_ROOT/criteo/source/day_{day}`"),
+    Setting("RECFLOW_CRITEO_DAY_STATS_ENGINE", "choice", "", "who writes a day's typed parquet copy and value counts: "
+            "`arrow` (validate_raw, in the pass over the rows) or `spark` (day_stats' Spark job; a cluster's). Same "
+            "dataset either way", default_note=_LOCAL_OR_SPARK),
+    Setting("RECFLOW_CRITEO_PREPROCESS_ENGINE", "choice", "", "who builds the dictionary and the split-binary dataset "
+            "when a run's `engine` param is empty: `spark`, `arrow` (docs/preprocess_arrow.md) or `nvtabular` "
+            "(docs/nvtabular.md); byte-identical output", default_note=_LOCAL_OR_SPARK),
+    Setting("RECFLOW_RETRAIN_CRON", "cron", "0 6 * * 1", "criteo_dlrm's safety-net schedule (UTC), which trains only a "
+            "window newer than the last trained one", parse_time=True),
+)
 
 
 @dataclass(frozen=True)
@@ -47,11 +63,12 @@ class CriteoSettings(DatasetSource):
 def load_criteo_settings(env: dict[str, str] | None = None) -> CriteoSettings:
     env = os.environ if env is None else env
     return CriteoSettings(
-        epoch=date.fromisoformat(env["RECFLOW_CRITEO_EPOCH"]) if env.get("RECFLOW_CRITEO_EPOCH") else date(2026, 1, 1),
-        source=env.get("RECFLOW_CRITEO_SOURCE", ""),
-        day_stats_engine=check_day_stats_engine(env["RECFLOW_CRITEO_DAY_STATS_ENGINE"],
+        epoch=date.fromisoformat(read("RECFLOW_CRITEO_EPOCH", env)) if read("RECFLOW_CRITEO_EPOCH", env)
+        else date(2026, 1, 1),
+        source=value("RECFLOW_CRITEO_SOURCE", env),
+        day_stats_engine=check_day_stats_engine(read("RECFLOW_CRITEO_DAY_STATS_ENGINE", env),
                                                 "RECFLOW_CRITEO_DAY_STATS_ENGINE")
-        if env.get("RECFLOW_CRITEO_DAY_STATS_ENGINE") else "",
+        if read("RECFLOW_CRITEO_DAY_STATS_ENGINE", env) else "",
     )
 
 

@@ -7,13 +7,13 @@ Importing this must stay cheap (no torch, pyspark, tensorflow, no connections): 
 from __future__ import annotations
 
 import functools
-import os
 from collections.abc import Callable, Mapping
 from datetime import timedelta
 from typing import Any
 
 from tasks.core.config import load_settings
 from tasks.core.profiles import Knob
+from tasks.core.settings_registry import value
 
 SPARK_POOL = "spark"
 TRAIN_POOL = "train"
@@ -23,7 +23,7 @@ def _queue(variable: str) -> dict[str, str]:
     """A task's Celery queue from the environment at parse time ({} = Airflow's [operators] default_queue).
     LocalExecutor ignores queues; under CeleryExecutor, RECFLOW_TRAIN_QUEUE=gpu sends training to the GPU
     workers (docker-compose.yml's `gpu` profile) and RECFLOW_SPARK_QUEUE=gpu the Spark jobs (RAPIDS profile)."""
-    queue = os.environ.get(variable, "").strip()
+    queue = value(variable).strip()
     return {"queue": queue} if queue else {}
 
 
@@ -45,8 +45,8 @@ DOWNLOAD_TASK: dict[str, Any] = _timeout(_LIMITS.download_task_timeout_s)
 DEFAULT_ARGS: dict[str, Any] = {
     "owner": "recflow",
     **_timeout(_LIMITS.task_timeout_s),
-    "retries": int(os.environ.get("RECFLOW_TASK_RETRIES", "2")),
-    "retry_delay": timedelta(seconds=float(os.environ.get("RECFLOW_RETRY_DELAY_S", "30"))),
+    "retries": int(value("RECFLOW_TASK_RETRIES")),
+    "retry_delay": timedelta(seconds=float(value("RECFLOW_RETRY_DELAY_S"))),
     "retry_exponential_backoff": 2.0,
     "max_retry_delay": timedelta(minutes=10),
 }

@@ -17,11 +17,25 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tasks.core.config import DatasetSource, Settings
+from tasks.core.settings_registry import Setting, declare, read, value
 from tasks.movielens.layout import source_dir
 from tasks.movielens.schema import DEFAULT_DATASET, ratings_format
 
 GROUPLENS_SOURCE = "https://files.grouplens.org/datasets/movielens/{name}.zip"
 DEFAULT_SOURCE = "file://{source_dir}/{name}.zip"
+
+
+declare(
+    Setting("RECFLOW_MOVIELENS_SOURCE", "url", "", "URL template of the snapshot archives, with `{name}` (and "
+            "optionally `{source_dir}`); the checksum is fetched from the archive's URL + `.md5`",
+            default_note="`file://{source_dir}/{name}.zip` (the demo's synthetic archives)"),
+    Setting("RECFLOW_MOVIELENS_DATASET", "choice", DEFAULT_DATASET, "the MovieLens snapshot runs use by default: "
+            "`ml-20m` (NVIDIA's NCF recipe) or `ml-1m`"),
+    Setting("RECFLOW_MOVIELENS_BAD_ROW_BUDGET", "float", "", "fraction of malformed rating rows tolerated",
+            default_note="`RECFLOW_BAD_ROW_BUDGET`"),
+    Setting("RECFLOW_MOVIELENS_INGEST_CRON", "cron", "0 5 * * 1", "movielens_ingest's schedule (UTC)",
+            parse_time=True),
+)
 
 
 @dataclass(frozen=True)
@@ -50,9 +64,9 @@ class MovieLensSettings(DatasetSource):
 
 def load_movielens_settings(env: dict[str, str] | None = None) -> MovieLensSettings:
     env = os.environ if env is None else env
-    budget = env.get("RECFLOW_MOVIELENS_BAD_ROW_BUDGET")
+    budget = read("RECFLOW_MOVIELENS_BAD_ROW_BUDGET", env)
     return MovieLensSettings(
-        source=env.get("RECFLOW_MOVIELENS_SOURCE", ""),
-        dataset=env.get("RECFLOW_MOVIELENS_DATASET") or DEFAULT_DATASET,
+        source=value("RECFLOW_MOVIELENS_SOURCE", env),
+        dataset=read("RECFLOW_MOVIELENS_DATASET", env) or DEFAULT_DATASET,
         bad_row_budget=float(budget) if budget else None,
     )

@@ -26,53 +26,11 @@ from typing import Any
 from tasks.core.config import Settings
 from tasks.core.storage import (MANIFEST_NAME, Manifest, atomic_directory, completed_manifest, file_sha256,
                                 fingerprint, read_manifest, write_manifest)
+from tasks.outbrain.contract import (CTR_THRESHOLDS, DISPLAY_ID, EMBEDDING_DIMENSIONS, HASH_BUCKET_SIZES,  # noqa: F401
+                                     LABEL, MULTIHOT_COLUMNS, MULTIHOT_PADDING, NUMERIC_COLUMNS, ONEHOT_COLUMNS,
+                                     PREBATCH_SIZE, RAW_AD_ID, STATS_FILE, TRAIN_MAX_DAY, VALID_FRACTION)
 
 log = logging.getLogger(__name__)
-
-# NVIDIA's WideAndDeep data/outbrain/features.py (reference/nvidia-formats.md §4.1), in its orders.
-LABEL = "clicked"
-DISPLAY_ID = "display_id"
-RAW_AD_ID = "ad_id_raw"  # transform output only: the ad a prediction names (ad_id itself is hashed)
-NUMERIC_COLUMNS = [
-    "document_id_document_id_promo_sim_categories",
-    "document_id_document_id_promo_sim_topics",
-    "document_id_document_id_promo_sim_entities",
-    "document_id_promo_ctr",
-    "publisher_id_promo_ctr",
-    "source_id_promo_ctr",
-    "document_id_promo_count",
-    "publish_time_days_since_published",
-    "ad_id_ctr",
-    "advertiser_id_ctr",
-    "campaign_id_ctr",
-    "ad_id_count",
-    "publish_time_promo_days_since_published",
-]
-ONEHOT_COLUMNS = [
-    "ad_id", "document_id", "platform", "document_id_promo", "campaign_id", "advertiser_id", "source_id",
-    "geo_location", "geo_location_country", "geo_location_state", "publisher_id", "source_id_promo",
-    "publisher_id_promo",
-]
-MULTIHOT_COLUMNS = {"topic_id_list": 3, "entity_id_list": 3, "category_id_list": 3}  # name -> max hotness
-HASH_BUCKET_SIZES = {
-    "document_id": 300000, "ad_id": 250000, "document_id_promo": 100000, "source_id_promo": 4000,
-    "source_id": 4000, "geo_location": 2500, "advertiser_id": 2500, "geo_location_state": 2000,
-    "publisher_id_promo": 1000, "publisher_id": 1000, "geo_location_country": 300, "platform": 4,
-    "campaign_id": 5000, "topic_id_list": 350, "entity_id_list": 10000, "category_id_list": 100,
-}
-EMBEDDING_DIMENSIONS = {
-    "document_id": 128, "ad_id": 128, "document_id_promo": 128, "source_id_promo": 64, "source_id": 64,
-    "geo_location": 64, "advertiser_id": 64, "geo_location_state": 64, "publisher_id_promo": 64,
-    "publisher_id": 64, "geo_location_country": 64, "platform": 19, "campaign_id": 128, "topic_id_list": 64,
-    "entity_id_list": 64, "category_id_list": 64,
-}
-# CTR = clicks / views on the train split, 0 below this many train views (NVIDIA's ctr_thresh).
-CTR_THRESHOLDS = {"ad_id": 5, "source_id_promo": 10, "publisher_id_promo": 10, "advertiser_id": 10,
-                  "campaign_id": 10, "document_id_promo": 5}
-TRAIN_MAX_DAY = 10      # train = day_event <= 10 and r >= VALID_FRACTION (NVIDIA: r > 0.2; r is continuous)
-VALID_FRACTION = 0.2
-PREBATCH_SIZE = 4096
-MULTIHOT_PADDING = -1
 
 # Bump when the features' semantics change (SQL, split, layout): cached datasets are rebuilt.
 FEATURES_RULES_VERSION = 1
@@ -86,7 +44,6 @@ INPUT_TABLES = ("clicks_train", "events", "promoted_content", "documents_meta", 
                 "documents_entities", "documents_categories")
 MAPPING_DIRS = {"train": "train", "test": "valid"}  # FeatureSpec mapping -> parquet/<dir>, tfrecords/<dir>
 PARQUET_DIR, TFRECORDS_DIR, STATS_DIR = "parquet", "tfrecords", "stats"
-STATS_FILE = "stats.json"
 FEATURE_SPEC_FILE = "feature_spec.yaml"
 ONEHOT_CHANNEL, MULTIHOT_CHANNEL = "onehot_categorical", "multihot_categorical"
 NUMERICAL_CHANNEL, LABEL_CHANNEL, MAP_CHANNEL = "numerical", "label", "map"

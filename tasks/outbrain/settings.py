@@ -18,11 +18,25 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tasks.core.config import DatasetSource, Settings
+from tasks.core.settings_registry import Setting, declare, read, value
 from tasks.outbrain.layout import source_dir
 from tasks.outbrain.schema import DEFAULT_SNAPSHOT, check_snapshot_name, table
 
 DEFAULT_SOURCE = "file://{source_dir}/{file}"
 SOURCE_SUFFIXES = (".csv", ".csv.gz", ".csv.zip")  # tried in this order when the template names no extension
+
+
+declare(
+    Setting("RECFLOW_OUTBRAIN_SOURCE", "url", "", "URL template of one Outbrain file, with `{file}` (and optionally "
+            "`{source_dir}`); `.csv`, `.csv.gz`, `.csv.zip` tried in turn; a SHA256SUMS beside them is checked",
+            default_note="`file://{source_dir}/{file}` (the demo's synthetic files)"),
+    Setting("RECFLOW_OUTBRAIN_SNAPSHOT", "str", DEFAULT_SNAPSHOT, "the Outbrain snapshot name runs use by default"),
+    Setting("RECFLOW_OUTBRAIN_BAD_ROW_BUDGET", "float", "", "fraction of malformed Outbrain rows tolerated per file",
+            default_note="`RECFLOW_BAD_ROW_BUDGET`"),
+    Setting("RECFLOW_OUTBRAIN_INGEST_CRON", "cron", "0 5 * * 2", "outbrain_ingest's schedule (UTC)", parse_time=True),
+    Setting("RECFLOW_OUTBRAIN_FEATURES_ENGINE", "choice", "spark", "who builds the Wide & Deep features when a run's "
+            "`engine` param is empty: `spark` or `nvtabular`"),
+)
 
 
 @dataclass(frozen=True)
@@ -60,9 +74,9 @@ class OutbrainSettings(DatasetSource):
 
 def load_outbrain_settings(env: dict[str, str] | None = None) -> OutbrainSettings:
     env = os.environ if env is None else env
-    budget = env.get("RECFLOW_OUTBRAIN_BAD_ROW_BUDGET")
+    budget = read("RECFLOW_OUTBRAIN_BAD_ROW_BUDGET", env)
     return OutbrainSettings(
-        source=env.get("RECFLOW_OUTBRAIN_SOURCE", ""),
-        snapshot=env.get("RECFLOW_OUTBRAIN_SNAPSHOT") or DEFAULT_SNAPSHOT,
+        source=value("RECFLOW_OUTBRAIN_SOURCE", env),
+        snapshot=read("RECFLOW_OUTBRAIN_SNAPSHOT", env) or DEFAULT_SNAPSHOT,
         bad_row_budget=float(budget) if budget else None,
     )

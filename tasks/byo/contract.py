@@ -1,0 +1,92 @@
+"""What byo's two transcode engines (spark_jobs/byo/transcode.py, tasks/byo/transcode_arrow.py) and its validation
+step agree on: the row rules as code (how a block of CSV lines is parsed and each value checked), the transcode's
+command line, its bad-row check and its result record. Every engine imports these from here, none from another
+engine or from the validation step (issue #25 item 2); the rules' text and patterns live in tasks/byo/spec.py.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from tasks.byo.spec import FLOAT16_MAX, MAPPINGS, NUMERICAL_CHANNEL, PATTERNS
+
+MAX_LINE_BYTES = 1 << 20
+
+
+@dataclass(frozen=True)
+class TranscodeResult:
+    output: str
+    rows: dict[str, int]
+    dropped: dict[str, int]
+    cardinalities: list[int]
+    seconds: float
+    features: dict[str, str] = field(default_factory=dict)  # input name -> output name
+
+
+def open_csv(path: Path):
+    """A CSV file as a binary stream, decompressed while read when its name says so (.gz; also .bz2, .lz4, .zst:
+    pyarrow's detection by extension, as the transcode reads it)."""
+    import pyarrow as pa
+
+    return pa.input_stream(str(path), compression="detect")
+
+
+def parse_block(data: bytes, names: tuple[str, ...]):
+    """The lines of `data` (each with the right field count) as a table of strings, one column per feature."""
+    import pyarrow as pa
+    import pyarrow.csv as pacsv
+
+    return pacsv.read_csv(
+        pa.py_buffer(data),
+        read_options=pacsv.ReadOptions(column_names=list(names), block_size=max(1 << 20, len(data) + 1)),
+        parse_options=pacsv.ParseOptions(delimiter=",", quote_char=False, escape_char=False,
+                                          ignore_empty_lines=False),
+        convert_options=pacsv.ConvertOptions(column_types={n: pa.string() for n in names},
+                                             strings_can_be_null=False, quoted_strings_can_be_null=False))
+
+
+def column_bad(column, channel: str) -> tuple[np.ndarray, np.ndarray]:
+    """(mask of values breaking the channel's rule, values as float64 with 0 where bad). `column`: a string Array.
+    Converted through buffers, not to_numpy / pa.scalar, which import pandas (a third of a second a process)."""
+    import pyarrow.compute as pc
+
+    matches = pc.match_substring_regex(column, PATTERNS[channel])
+    ok = bool_numpy(matches)
+    values = np.zeros(len(column), np.float64)
+    good = pc.cast(pc.filter(column, matches), "float64")
+    values[ok] = np.frombuffer(good.buffers()[1], np.float64)[good.offset:good.offset + len(good)]
+    if channel == NUMERICAL_CHANNEL:
+        ok &= np.abs(values) <= FLOAT16_MAX
+        values = np.where(ok, values, 0.0)
+    return ~ok, values
+
+
+def bool_numpy(array) -> np.ndarray:
+    """A BooleanArray without nulls as a numpy bool array, from its bitmap."""
+    bits = np.unpackbits(np.frombuffer(array.buffers()[1], np.uint8), bitorder="little")
+    return bits[array.offset:array.offset + len(array)].astype(bool)
+
+
+def check_bad_rows(expected_json: str | None, dropped: dict[str, int]) -> None:
+    """--expected-bad-rows (the validation's count per mapping) must equal what the transcode dropped."""
+    expected = json.loads(expected_json) if expected_json else None
+    if expected is not None and {m: int(expected.get(m, 0)) for m in MAPPINGS} != dropped:
+        raise RuntimeError(f"the transcode found bad rows {dropped} but the validation counted {expected}: the two "
+                           "disagree on the row rules")
+
+
+def parse_transcode_args(argv: Sequence[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description="CSV files + CSV FeatureSpec -> split-binary train/test + spec")
+    parser.add_argument("--spec", required=True, type=Path, help="the CSV FeatureSpec yaml (paths relative to it)")
+    parser.add_argument("--source-dir", type=Path, default=None, help="where the CSVs are (default: the spec's dir)")
+    parser.add_argument("--output", required=True, type=Path, help="dataset directory (replaced atomically)")
+    parser.add_argument("--expected-bad-rows", default=None,
+                        help="JSON {mapping: bad rows} from the validation; a different count is an error")
+    parser.add_argument("--inputs-json", default="{}", help="what identifies this work, recorded in the manifest")
+    return parser.parse_args(argv)
