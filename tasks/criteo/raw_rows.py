@@ -97,10 +97,10 @@ def iter_line_blocks(path: Path, block_bytes: int, max_line_bytes: int | None = 
         yield line_no, carry, []
 
 
-def checked_blocks(path: Path, block_bytes: int, keep_good: bool = False
+def checked_blocks(path: Path, block_bytes: int, keep_good: bool = False, max_line_bytes: int | None = None
                    ) -> Iterator[tuple[bytes, list[BadRow], BlockResult | None]]:
     """(block, over-long lines skipped before it, check_block's result or None for an empty block) for each block of
-    iter_line_blocks, in file order. The next block is checked in a helper thread while the caller handles this
+    iter_line_blocks (max_line_bytes as there), in file order. The next block is checked in a helper thread while the caller handles this
     one (pyarrow's parse and numpy's checks release the GIL): a day's validation keeps two cores busy, e.g. the
     last day of a backfill that runs alone. Memory: up to three blocks (one read, one checked, one handled)."""
     from concurrent.futures import ThreadPoolExecutor
@@ -110,7 +110,7 @@ def checked_blocks(path: Path, block_bytes: int, keep_good: bool = False
 
     with ThreadPoolExecutor(1, thread_name_prefix="check-block") as pool:
         pending = None
-        for first_line, block, skipped in iter_line_blocks(path, block_bytes):
+        for first_line, block, skipped in iter_line_blocks(path, block_bytes, max_line_bytes):
             submitted = pool.submit(check, first_line, block, skipped)
             if pending is not None:
                 yield pending.result()
