@@ -5,7 +5,7 @@
   criteo     demo-data   --days 0-2 [--rows N]     synthetic day_N files into the source folder
              ingest      --day 3 | --days 0-23 [--jobs N]
                                                    download_day -> validate_day -> day_stats, day by day
-                                                   (N days at once, each in its own process)
+                                                   (N days at once, each in its own thread)
              preprocess  --train-days 0-1 --test-day 2 [--out DIR | --run-id ID] [--engine spark|arrow|nvtabular]
                                                    resolve_run -> build_dictionary -> transform_dataset ->
                                                    validate_dataset, into DIR/dictionary and DIR/dataset
@@ -226,19 +226,19 @@ def criteo_ingest(args: argparse.Namespace, settings: Settings, steps: Steps) ->
         for day in days:
             _ingest_day(args, settings, day, steps)
         return
-    # Days in parallel, each in its own process (a day's steps stay in order; days are independent, as the DAG's
-    # runs are). Spawned, not forked: the parent may hold library threads (pyarrow's pools). A Spark day_stats
-    # step runs here, one day at a time, as each day's validation finishes: a local Spark JVM takes every core
-    # itself, so N of them at once would fight over the cores (issue #27).
-    import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor
+    # Days in parallel, each in its own thread of this process (a day's steps stay in order; days are independent,
+    # as the DAG's runs are). Threads, not processes: a day's work is pyarrow's parse and numpy's checks, which
+    # release the GIL, so N days keep N cores busy; what does not is Great Expectations, whose import (~4-6 s of
+    # CPU, issue #27) a process per worker paid once each and the threads pay once, and the process start-ups (an
+    # interpreter + pyarrow + pandas each). A Spark day_stats step runs in the command's own thread, one day at a time, as each
+    # day's validation finishes: a local Spark JVM takes every core itself, so N of them at once would fight over
+    # the cores (issue #27).
+    from concurrent.futures import ThreadPoolExecutor
 
     spark_here = engine == "spark"
-    log.info("ingesting %d days in %d processes%s", len(days), jobs,
-             "; day_stats by Spark one day at a time in this process" if spark_here else "")
-    level = logging.getLogger().level
-    with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn"), initializer=_worker_logging,
-                             initargs=(level,)) as pool:
+    log.info("ingesting %d days in %d threads%s", len(days), jobs,
+             "; day_stats by Spark one day at a time in the main thread" if spark_here else "")
+    with ThreadPoolExecutor(jobs, thread_name_prefix="ingest-day") as pool:
         futures = [pool.submit(_ingest_day_records, args, settings, day, not spark_here) for day in days]
         failed = None
         for day, future in zip(days, futures):  # in day order: the report lists each day's steps together
@@ -283,7 +283,7 @@ def _day_stats_step(args: argparse.Namespace, settings: Settings, day: int, step
 
 def _ingest_day_records(args: argparse.Namespace, settings: Settings, day: int,
                         with_day_stats: bool = True) -> list[StepRecord]:
-    """One day's steps in a worker process; its step records, also attached to an error (pickled with it)."""
+    """One day's steps in a worker thread; its step records, also attached to an error."""
     steps = Steps()
     try:
         _ingest_day(args, settings, day, steps, with_day_stats)
@@ -291,13 +291,6 @@ def _ingest_day_records(args: argparse.Namespace, settings: Settings, day: int,
         error.recflow_records = steps.records
         raise
     return steps.records
-
-
-def _worker_logging(level: int) -> None:
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s", datefmt="%H:%M:%S"))
-    logging.getLogger().addHandler(handler)
-    logging.getLogger().setLevel(level)
 
 
 def criteo_preprocess(args: argparse.Namespace, settings: Settings, steps: Steps) -> None:
@@ -350,7 +343,7 @@ def add_criteo_commands(pipelines: argparse._SubParsersAction) -> None:
                         "local --spark-master, spark with a cluster one; arrow: in validation's pass; spark: a "
                         "spark-submit per day, one at a time with --jobs)")
     p.add_argument("--jobs", type=positive, default=1,
-                   help="days ingested at once, each in its own process (default 1; the machine's cores is the "
+                   help="days ingested at once, each in its own thread (default 1; the machine's cores is the "
                         "useful most)")
     _spark_options(p)
     p = commands["preprocess"]

@@ -15,7 +15,7 @@ import pytest
 from tasks.criteo import layout as criteo_layout
 from tasks.core.config import Settings
 from tasks.criteo.schema import NUM_FIELDS, RAW_COLUMNS
-from tasks.criteo.raw_rows import BadRow, check_block, iter_line_blocks
+from tasks.criteo.raw_rows import BadRow, _check_block_lines, check_block, checked_blocks, iter_line_blocks
 from tasks.criteo.raw_validation import DataQualityError, validate_raw_file
 from tasks.core.storage import MANIFEST_NAME, read_manifest
 from tasks.criteo.synthetic import CriteoDayGenerator, format_block, write_criteo_day
@@ -114,6 +114,41 @@ def test_bad_row_kind_detected_at_line_field_and_column(tmp_path: Path, good_lin
     if field:
         assert RAW_COLUMNS[field - 1] in bad[0].describe()
         assert f"line {BAD_LINE}, field {field}" in bad[0].describe()
+
+
+@pytest.mark.parametrize("kind", ["good", *(k[0] for k in BAD_KINDS)])
+@pytest.mark.parametrize("trailing_newline", [True, False])
+def test_parse_first_gives_the_line_by_line_verdicts(good_lines: list[bytes], kind: str,
+                                                     trailing_newline: bool) -> None:
+    """check_block's shortcut (parse the block, skip the tab count when pyarrow reads it line for line) returns what
+    the line-by-line way does: the same line count, bad rows and good rows, whatever the block holds."""
+    lines = good_lines[:8]
+    if kind != "good":
+        lines[BAD_LINE - 1] = dict((k[0], k[1]) for k in BAD_KINDS)[kind](lines[BAD_LINE - 1])
+    block = b"\n".join(lines) + (b"\n" if trailing_newline else b"")
+    fast, slow = check_block(block, 11, keep_good=True), _check_block_lines(block, 11, keep_good=True)
+    assert (fast.lines, fast.bad_rows) == (slow.lines, slow.bad_rows) == (8, fast.bad_rows)
+    assert len(fast.bad_rows) == (kind != "good")
+    assert fast.good_rows.equals(slow.good_rows)
+
+
+def test_checked_blocks_match_check_block_block_by_block(tmp_path: Path, good_lines: list[bytes]) -> None:
+    """The helper thread changes nothing: the same blocks, over-long lines and results, in file order."""
+    lines = list(good_lines[:60])
+    lines[7] = with_field(lines[7], _field("cat_2"), b"XYZ")
+    lines[30] = b"x" * 5000
+    path = write_lines(tmp_path / "day", lines)
+    expected = [(block, skipped, check_block(block, first, keep_good=True) if block else None)
+                for first, block, skipped in iter_line_blocks(path, 2000, max_line_bytes=3000)]
+    got = list(checked_blocks(path, 2000, keep_good=True, max_line_bytes=3000))
+    assert len(got) == len(expected) > 3
+    for (block, skipped, result), (want_block, want_skipped, want) in zip(got, expected):
+        assert (block, skipped) == (want_block, want_skipped)
+        assert (result is None) == (want is None)
+        if result is not None:
+            assert (result.first_line, result.lines, result.bad_rows) == (want.first_line, want.lines, want.bad_rows)
+            assert result.good_rows.equals(want.good_rows)
+    assert [b.line for _, skipped, r in got for b in skipped + (r.bad_rows if r else [])] == [8, 31]
 
 
 def test_first_failing_field_wins(tmp_path: Path, good_lines: list[bytes]) -> None:

@@ -317,6 +317,7 @@ class DistinctPairs:
 
 
 _gx_import_started = False
+_gx_run_lock = threading.Lock()
 
 
 def import_gx_in_background() -> None:
@@ -336,6 +337,11 @@ def run_gx_suites(frames: dict[str, tuple[Callable[[], Any], Any]], source_name:
     """Validate each evidence frame with its suite ({name: (suite builder, pandas frame)}) in one ephemeral GX
     context (GX builds suites only once a context exists); returns the JSON-able validation result of each. GX's pandas engine is far too slow for whole files, so a
     dataset checks every row with its vectorised checker and hands GX a bounded evidence frame, parsed on its own."""
+    with _gx_run_lock:  # one run at a time per process: get_context sets GX's process-wide current context
+        return _run_gx_suites(frames, source_name)
+
+
+def _run_gx_suites(frames: dict[str, tuple[Callable[[], Any], Any]], source_name: str) -> dict[str, dict[str, Any]]:
     logging.getLogger("great_expectations").setLevel(logging.WARNING)  # its import logs hundreds of INFO lines
     import great_expectations as gx
     from great_expectations.data_context.types.base import ProgressBarsConfig

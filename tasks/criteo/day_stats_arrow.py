@@ -35,7 +35,7 @@ from tasks.criteo.contract import COLUMNAR, COUNTS, ROW_ORDER
 from tasks.core.progress import ProgressLog
 from tasks.core.storage import Manifest, atomic_directory, write_manifest
 from tasks.criteo.raw_fields import binary_parts
-from tasks.criteo.raw_rows import check_block, iter_line_blocks
+from tasks.criteo.raw_rows import checked_blocks
 from tasks.criteo.schema import CAT_COLUMNS, INT_COLUMNS, LABEL
 
 log = logging.getLogger(__name__)
@@ -295,11 +295,9 @@ def write_day_stats(raw: Path, target: StatsTarget, *, block_bytes: int = 64 << 
                            every_s=10.0, logger=log)
     done = 0
     with day_stats_output(target, **writer_options) as writer:
-        for first_line, block, skipped in iter_line_blocks(raw, block_bytes):
-            if block:
-                result = check_block(block, first_line, keep_good=True)
-                if result.good_rows is not None:
-                    writer.add(result.good_rows)
+        for block, skipped, result in checked_blocks(raw, block_bytes, keep_good=True):
+            if result is not None and result.good_rows is not None:
+                writer.add(result.good_rows)
             done += len(block) + sum(len(bad.text) for bad in skipped)
             progress.report(done, note=f"{writer.rows} good rows")
         manifest = writer.finish(target)

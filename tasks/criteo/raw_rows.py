@@ -1,10 +1,11 @@
 """Streaming, vectorised row checks of raw Criteo TSV: every row, bounded memory, exact line and column.
 
-A day file is read in byte blocks cut at line ends. Per block, numpy finds the lines whose field count is not 40
-(tabs per line), pyarrow parses the remaining lines as 40 binary columns, and pyarrow's RE2 regexes check each
-field against the schema's rules. Bad rows come back with their line number, the first offending field and the byte
+A day file is read in byte blocks cut at line ends. Per block, pyarrow parses the lines as 40 binary columns and
+numpy checks each field against the schema's rules (tasks/criteo/raw_fields.py); only a block that pyarrow cannot
+parse line for line (a line of another field count, a carriage return) has its tabs counted per line by numpy, to
+find and drop those lines first. Bad rows come back with their line number, the first offending field and the byte
 column where it starts, so the task log can say exactly where a day went wrong. Memory is one block (64 MiB by
-default), whatever the day's size.
+default; checked_blocks holds up to three), whatever the day's size.
 """
 
 from __future__ import annotations
@@ -96,6 +97,28 @@ def iter_line_blocks(path: Path, block_bytes: int, max_line_bytes: int | None = 
         yield line_no, carry, []
 
 
+def checked_blocks(path: Path, block_bytes: int, keep_good: bool = False, max_line_bytes: int | None = None
+                   ) -> Iterator[tuple[bytes, list[BadRow], BlockResult | None]]:
+    """(block, over-long lines skipped before it, check_block's result or None for an empty block) for each block of
+    iter_line_blocks (max_line_bytes as there), in file order. The next block is checked in a helper thread while the caller handles this
+    one (pyarrow's parse and numpy's checks release the GIL): a day's validation keeps two cores busy, e.g. the
+    last day of a backfill that runs alone. Memory: up to three blocks (one read, one checked, one handled)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def check(first_line: int, block: bytes, skipped: list[BadRow]):
+        return block, skipped, check_block(block, first_line, keep_good) if block else None
+
+    with ThreadPoolExecutor(1, thread_name_prefix="check-block") as pool:
+        pending = None
+        for first_line, block, skipped in iter_line_blocks(path, block_bytes, max_line_bytes):
+            submitted = pool.submit(check, first_line, block, skipped)
+            if pending is not None:
+                yield pending.result()
+            pending = submitted
+        if pending is not None:
+            yield pending.result()
+
+
 def _skip_long_line(f, head: bytes, line_no: int, max_line_bytes: int) -> tuple[BadRow, int]:
     """Consume the rest of an over-long line; return its BadRow and the next line number."""
     length = len(head)
@@ -114,18 +137,58 @@ def _skip_long_line(f, head: bytes, line_no: int, max_line_bytes: int) -> tuple[
     return bad, line_no + 1
 
 
-def check_block(block: bytes, first_line: int, keep_good: bool = False) -> BlockResult:
-    """Check every line of a block of whole lines; return bad rows (and the good rows as a table if asked)."""
+def _parse(block: bytes):
+    """The block's lines as 40 binary columns (pyarrow's CSV reader, one thread). Raises pyarrow.ArrowInvalid when a
+    line does not have 40 fields."""
     import pyarrow as pa
     import pyarrow.csv as pacsv
 
-    from tasks.criteo.raw_fields import first_failing_field
+    return pacsv.read_csv(
+        io.BytesIO(block),
+        read_options=pacsv.ReadOptions(column_names=list(RAW_COLUMNS), block_size=max(len(block), 1 << 20),
+                                       use_threads=False),
+        parse_options=pacsv.ParseOptions(delimiter="\t", quote_char=False, escape_char=False,
+                                         ignore_empty_lines=False),
+        convert_options=pacsv.ConvertOptions(column_types={c: pa.binary() for c in RAW_COLUMNS}),
+    )
 
-    arr = np.frombuffer(block, dtype=np.uint8)
+
+def _line_bounds(arr: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(start, end) byte offsets of each line of a block (end = its newline, or the block's end for a last line
+    without one)."""
     ends = np.flatnonzero(arr == _NEWLINE)
     if len(arr) and (len(ends) == 0 or ends[-1] != len(arr) - 1):
         ends = np.append(ends, len(arr))  # last line without a trailing newline
-    starts = np.concatenate(([0], ends[:-1] + 1)).astype(np.int64)
+    return np.concatenate(([0], ends[:-1] + 1)).astype(np.int64), ends
+
+
+def check_block(block: bytes, first_line: int, keep_good: bool = False) -> BlockResult:
+    """Check every line of a block of whole lines; return bad rows (and the good rows as a table if asked).
+
+    The common case, a block whose every line has 40 fields and no carriage return, is parsed once and only its
+    values checked: pyarrow refuses a line of another field count, and a block it parses into as many rows as it
+    has (non-empty) lines has 40 fields on every line, so the per-line tab count (the costliest numpy pass, ~1 s per 1M rows)
+    is skipped. Any other block goes the way that finds each bad line's field count and position."""
+    import pyarrow as pa
+
+    # (pyarrow reads an empty line as a row of empty values, not as a line of 1 field: those go the long way too)
+    if block and b"\r" not in block and b"\n\n" not in block and not block.startswith(b"\n"):
+        lines = block.count(b"\n") + (not block.endswith(b"\n"))
+        try:
+            table = _parse(block)
+        except pa.ArrowInvalid:
+            table = None  # some line has another field count: found below, line by line
+        if table is not None and table.num_rows == lines:
+            arr = np.frombuffer(block, dtype=np.uint8)
+            return _check_values(table, arr, None, None, lines, np.arange(lines), first_line, [], keep_good)
+    return _check_block_lines(block, first_line, keep_good)
+
+
+def _check_block_lines(block: bytes, first_line: int, keep_good: bool) -> BlockResult:
+    """check_block for a block with lines of the wrong field count or carriage returns: those lines are found and
+    dropped first, then the rest is parsed and its values checked."""
+    arr = np.frombuffer(block, dtype=np.uint8)
+    starts, ends = _line_bounds(arr)
     is_tab = arr == _TAB
     # Tabs per line by one segmented sum (each line's segment runs to the next line's start); a block holds ~39
     # tabs a row, whose positions are found only for the rare rows with a carriage return.
@@ -151,17 +214,22 @@ def check_block(block: bytes, first_line: int, keep_good: bool = False) -> Block
     if len(good_lines) == 0:
         return BlockResult(first_line, len(ends), None, bad)
 
-    table = pacsv.read_csv(
-        io.BytesIO(block),
-        read_options=pacsv.ReadOptions(column_names=list(RAW_COLUMNS), block_size=max(len(block), 1 << 20),
-                                       use_threads=False),
-        parse_options=pacsv.ParseOptions(delimiter="\t", quote_char=False, escape_char=False,
-                                         ignore_empty_lines=False),
-        convert_options=pacsv.ConvertOptions(column_types={c: pa.binary() for c in RAW_COLUMNS}),
-    )
+    return _check_values(_parse(block), arr, starts, ends, len(ends), good_lines, first_line, bad, keep_good)
+
+
+def _check_values(table, arr: np.ndarray, starts: np.ndarray | None, ends: np.ndarray | None, lines: int,
+                  good_lines: np.ndarray, first_line: int, bad: list[BadRow], keep_good: bool) -> BlockResult:
+    """Check the parsed lines' values against the field rules; `good_lines` = each table row's line index in the
+    block (`arr`, `lines` lines bounded by starts/ends; None: found here, only if a value is bad)."""
+    import pyarrow as pa
+
+    from tasks.criteo.raw_fields import first_failing_field
+
     rules = _field_rules()
     first_bad_field = first_failing_field(table, rules)  # 0 = row is good; the rules' regexes, checked by numpy
     bad_idx = np.flatnonzero(first_bad_field)
+    if len(bad_idx) and starts is None:
+        starts, ends = _line_bounds(arr)
     for i in bad_idx:
         line_index = good_lines[i]
         raw = block_line(arr, starts, ends, line_index)
@@ -175,7 +243,7 @@ def check_block(block: bytes, first_line: int, keep_good: bool = False) -> Block
     good = None
     if keep_good:
         good = table.filter(pa.array(first_bad_field == 0)) if len(bad_idx) else table
-    return BlockResult(first_line, len(ends), good, bad)
+    return BlockResult(first_line, lines, good, bad)
 
 
 def _carriage_return_rows(arr: np.ndarray, starts: np.ndarray, ends: np.ndarray, is_tab: np.ndarray,

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tasks.criteo.schema import RAW_COLUMNS
-from tasks.criteo.raw_rows import RULE_TEXT, BadRow, check_block, iter_line_blocks
+from tasks.criteo.raw_rows import RULE_TEXT, BadRow, checked_blocks
 from tasks.core.progress import ProgressLog
 from tasks.core.storage import Manifest, atomic_directory, write_manifest, write_text_atomic
 from tasks.core.validation import DataQualityError, gx_section, import_gx_in_background
@@ -82,8 +82,7 @@ def validate_raw_file(raw: Path, out: Path, *, inputs: dict[str, Any], budget: f
     evidence_bad: list[bytes] = []
     with atomic_directory(out) as tmp:
         with open(tmp / "quarantine.jsonl", "w") as quarantine, _stats_writer(stats) as stats_writer:
-            for first_line, block, skipped in iter_line_blocks(raw, block_bytes):
-                result = check_block(block, first_line, keep_good=stats_writer is not None) if block else None
+            for block, skipped, result in checked_blocks(raw, block_bytes, keep_good=stats_writer is not None):
                 if stats_writer is not None and result is not None and result.good_rows is not None:
                     stats_writer.add(result.good_rows)
                 bad_rows = skipped + (result.bad_rows if result else [])
