@@ -38,7 +38,7 @@ from typing import Any
 
 from bench.common import CACHE_DIR, REPO, log
 from bench.endtoend import step_seconds
-from bench.proc import RSS_METHOD, run_child
+from bench.proc import RSS_METHOD, ChildFailed, run_child
 
 # ml-20m (GroupLens README): 20,000,263 ratings by 138,493 users of 27,278 movies (26,744 of them rated).
 # The generator's n_u = round(ratings_per_user x lognormal(0, 0.35)), whose mean is x1.063: 136 gives ~20.0M.
@@ -82,8 +82,15 @@ def _tree_bytes(path: Path) -> int:
 
 
 def _measured(name: str, argv: list[str], work: Path, dataset: str) -> dict[str, Any]:
-    """Run one stage as a measured child; its record (wall, peak RSS, the data root's size) in <name>.stage.json."""
-    child = run_child(argv, work / f"{name}.log", env=_env(dataset, work), cwd=REPO)
+    """Run one stage as a measured child; its record (wall, peak RSS, the data root's size) in <name>.stage.json,
+    also when it fails (then with `failed`, and the bench stops with the child's last lines)."""
+    try:
+        child = run_child(argv, work / f"{name}.log", env=_env(dataset, work), cwd=REPO)
+    except ChildFailed as failure:
+        stage = {"seconds": failure.run.seconds, "peak_rss_bytes": failure.run.peak_rss(), "failed": str(failure),
+                 "disk_bytes": _tree_bytes(work / "data")}
+        (work / f"{name}.stage.json").write_text(json.dumps(stage, indent=1))
+        raise SystemExit(f"{name}: {failure}") from None
     stage = {"seconds": child.seconds, "peak_rss_bytes": child.peak_rss(), "disk_bytes": _tree_bytes(work / "data")}
     (work / f"{name}.stage.json").write_text(json.dumps(stage, indent=1))
     log.info("%s: %.1f s, peak RSS %.2f GB, data root %.2f GB", name, child.seconds, stage["peak_rss_bytes"] / 1e9,

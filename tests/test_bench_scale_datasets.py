@@ -84,3 +84,12 @@ def test_outbrain_report_has_one_entry_per_engine_measured(tmp_path):
 def test_a_stage_the_dataset_does_not_have_is_refused():
     with pytest.raises(SystemExit):
         bench.main(["outbrain", "--stage", "train"])
+
+
+def test_a_failed_stage_keeps_its_record_and_stops_the_bench(tmp_path):
+    import sys
+
+    with pytest.raises(SystemExit, match="exited 3"):
+        bench._measured("boom", [sys.executable, "-c", "import sys; sys.exit(3)"], tmp_path, "movielens")
+    record = json.loads((tmp_path / "boom.stage.json").read_text())
+    assert record["seconds"] > 0 and "exited 3" in record["failed"]
