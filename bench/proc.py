@@ -35,7 +35,10 @@ RSS_METHOD = ("psutil: sum of RSS over the process tree, sampled every 0.1 s; a 
 
 
 class ChildFailed(RuntimeError):
-    """A measured child exited non-zero; the message names its log file and last lines."""
+    """A measured child exited non-zero; the message names its log file and last lines; `run` holds what was
+    measured up to the failure (its wall time and RSS samples)."""
+
+    run: ChildRun | None = None
 
 
 @dataclass
@@ -149,7 +152,9 @@ def run_child(argv: Sequence[str], log_path: Path, env: Mapping[str, str] | None
     run.seconds = time.monotonic() - started
     if returncode != 0:
         tail = log_path.read_text(errors="replace").strip().splitlines()[-8:]
-        raise ChildFailed(f"{' '.join(argv[:4])} ... exited {returncode}; log {log_path}; last lines:\n"
-                          + "\n".join(tail))
+        failure = ChildFailed(f"{' '.join(argv[:4])} ... exited {returncode}; log {log_path}; last lines:\n"
+                              + "\n".join(tail))
+        failure.run = run
+        raise failure
     run.maxrss_children = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024  # Linux reports KiB
     return run

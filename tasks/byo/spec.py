@@ -92,7 +92,8 @@ def check_spec_size(path: Path) -> None:
     if size > MAX_SPEC_BYTES:
         raise FeatureSpecError(f"{path}: {size} bytes; a feature spec may hold at most {MAX_SPEC_BYTES}")
     try:
-        root = yaml.compose(path.read_bytes(), Loader=yaml.SafeLoader)
+        # libyaml's composer where PyYAML has it: the same nodes (an alias is its anchor's node) ~10x faster
+        root = yaml.compose(path.read_bytes(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
     except yaml.YAMLError as err:
         raise FeatureSpecError(f"{path}: not valid YAML ({' '.join(str(err).split())[:SHOWN_CHARS]})") from None
     nodes, chars = _expanded_size(root, {})

@@ -19,7 +19,8 @@ numericals are rounded float64 -> float32 here and to float16 by the writer (NVI
 Pass 1 writes each mapping's good rows to spill files in the output's temporary folder (label, numerical already as
 float16, ids as int32) while tracking the largest id of every categorical; the cardinalities (`auto` = max id + 1,
 a declared one must cover it) then fix the id dtypes, and pass 2 streams the spill into the split-binary writer.
-Memory: one step of `STEP_ROWS` lines from every file plus one write batch, whatever the number of rows. The output
+Memory: two steps of `STEP_ROWS` lines from every file (the one being written and the next, read and parsed
+meanwhile) plus one write batch, whatever the number of rows. The output
 directory is replaced atomically with _MANIFEST.json last (extra.engine = "arrow").
 """
 
@@ -31,7 +32,7 @@ import os
 import shutil
 import time
 from collections.abc import Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -184,20 +185,20 @@ def _fast_parse(chunk: CsvChunk, block: bytes, count: int) -> ParsedLines | None
 
 
 def _parse_id_lines(name: str, arr: np.ndarray, count: int) -> ParsedLines | None:
-    """Lines of one id each (only digits and newlines: checked by the caller), 1 to 18 digits, as int64: each line's
-    digits right-aligned in a row of the longest line's width and weighted by powers of ten. None when a line is
-    empty or too long (the exact path then names the rule)."""
+    """Lines of one id each (only digits and newlines: checked by the caller), 1 to 18 digits, as int64: Horner's
+    rule over the digit columns counted back from each line's end, one column of every line at a time (a line
+    shorter than the column keeps its value). None when a line is empty or too long (the exact path then names the
+    rule)."""
     ends = np.flatnonzero(arr == _NEWLINE)
     if len(ends) != count:
         return None
-    starts = np.concatenate(([0], ends[:-1] + 1))
-    lengths = ends - starts
+    lengths = np.diff(ends, prepend=-1) - 1
     if not len(lengths) or lengths.min() < 1 or lengths.max() > MAX_ID_DIGITS:
         return None
-    width = int(lengths.max())
-    index = ends[:, None] - width + np.arange(width)
-    digits = np.where(index >= starts[:, None], arr.take(index, mode="clip").astype(np.int64) - _DIGIT_0, 0)
-    values = digits @ (10 ** np.arange(width - 1, -1, -1, dtype=np.int64))
+    values = np.zeros(count, np.int64)
+    for back in range(int(lengths.max()), 0, -1):  # the digit `back` places before the newline, if the line has it
+        digits = arr.take(ends - back, mode="clip").astype(np.int64) - _DIGIT_0
+        values = np.where(lengths >= back, values * 10 + digits, values)
     return ParsedLines(np.ones(count, bool), {name: values})
 
 
@@ -268,7 +269,8 @@ def good_rows(spec, source_dir: Path, mapping: str, counts: MappingCounts, max_i
               pool: ThreadPoolExecutor) -> Iterator[tuple[np.ndarray, np.ndarray, list[np.ndarray]]]:
     """One mapping's good rows in file order, a step at a time: (label int8, numericals float32 rows, ids int64
     per categorical). The files are read side by side and parsed in `pool`'s threads (pyarrow and most of numpy
-    release the GIL); a row bad in any file is dropped; max_ids tracks the largest id of every categorical."""
+    release the GIL), the next step while the caller writes this one; a row bad in any file is dropped; max_ids
+    tracks the largest id of every categorical."""
     chunks = csv_chunks(spec, mapping)
     for chunk in chunks:
         if not (source_dir / chunk.file).is_file():
@@ -279,16 +281,16 @@ def good_rows(spec, source_dir: Path, mapping: str, counts: MappingCounts, max_i
     label = spec.channel_spec[LABEL_CHANNEL][0]
     progress = ProgressLog(f"{mapping}: reading CSV lines", every_s=30.0, logger=log)
     readers = [LineReader(source_dir / chunk.file) for chunk in chunks]
+    # One step ahead: a single thread reads and parses step k+1 (its files in `pool`) while the caller consumes
+    # step k, so the split-binary write overlaps the parsing (memory: two steps instead of one).
+    ahead = ThreadPoolExecutor(1, thread_name_prefix=f"byo-{mapping}-step")
+    step = ahead.submit(_read_step, mapping, chunks, readers, pool, 0)
     try:
         while True:
-            taken = list(pool.map(lambda reader: reader.take(STEP_ROWS), readers))
-            found = {chunk.file: count for chunk, (_, count) in zip(chunks, taken)}
-            if len(set(found.values())) != 1:
-                _line_count_mismatch(mapping, chunks, readers, found, counts.lines)
-            count = taken[0][1]
+            count, parsed = step.result()
             if count == 0:
                 return
-            parsed = list(pool.map(lambda job: parse_lines(job[0], job[1][0], count), zip(chunks, taken)))
+            step = ahead.submit(_read_step, mapping, chunks, readers, pool, counts.lines + count)
             good = np.flatnonzero(np.logical_and.reduce([p.ok for p in parsed]))
             values = {name: column for p in parsed for name, column in p.values.items()}
             ids = [values[name][good].astype(np.int64) for name in categorical]
@@ -302,8 +304,27 @@ def good_rows(spec, source_dir: Path, mapping: str, counts: MappingCounts, max_i
             yield (values[label][good].astype(np.int8),
                    np.column_stack([values[name][good] for name in numerical]).astype(np.float32), ids)
     finally:
+        step.cancel()
+        wait([step])  # the step in flight uses the readers
+        ahead.shutdown()
         for reader in readers:
             reader.close()
+
+
+def _read_step(mapping: str, chunks: list[CsvChunk], readers: list[LineReader], pool: ThreadPoolExecutor,
+               before: int) -> tuple[int, list[ParsedLines]]:
+    """The next STEP_ROWS lines of every file, each parsed in `pool` (read and parse in one job per file):
+    (lines, each file's ParsedLines); the files must hold the same number of lines (`before`: lines already read)."""
+    def read_and_parse(job: tuple[CsvChunk, LineReader]) -> tuple[int, ParsedLines | None]:
+        chunk, reader = job
+        block, count = reader.take(STEP_ROWS)
+        return count, parse_lines(chunk, block, count) if count else None
+
+    taken = list(pool.map(read_and_parse, zip(chunks, readers)))
+    found = {chunk.file: count for chunk, (count, _) in zip(chunks, taken)}
+    if len(set(found.values())) != 1:
+        _line_count_mismatch(mapping, chunks, readers, found, before)
+    return taken[0][0], [parsed for _, parsed in taken]
 
 
 def _line_count_mismatch(mapping: str, chunks: list[CsvChunk], readers: list[LineReader], counts: dict[str, int],

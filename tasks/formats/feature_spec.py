@@ -97,7 +97,9 @@ class FeatureSpec:
         path = os.path.abspath(path)
         try:
             with open(path, encoding="utf-8") as f:
-                loaded = yaml.safe_load(f)
+                # libyaml's safe loader where PyYAML has it: the same values ~10x faster (a 40-feature spec: 70 ms
+                # of a BYO transcode's ~1 s in pure python)
+                loaded = yaml.load(f, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
         except yaml.YAMLError as err:
             raise FeatureSpecError(f"{path}: not valid YAML ({' '.join(str(err).split())})") from err
         return cls.from_dict(loaded, base_directory=os.path.dirname(path))

@@ -104,8 +104,9 @@ def _document_tables(rng: np.random.Generator, documents: int, theme: np.ndarray
 
     def themed(pool_of_theme, noise_size, noise=0.15):
         def pick(owner):
-            pools = pool_of_theme[theme[owner]]
-            chosen = pools[np.arange(len(owner)), rng.integers(0, pools.shape[1], len(owner))]
+            # one element of each row's pool, never the rows x pool matrix (entities' pools grow with the documents:
+            # 75 GiB at 2M displays)
+            chosen = pool_of_theme[theme[owner], rng.integers(0, pool_of_theme.shape[1], len(owner))]
             random = rng.random(len(owner)) < noise
             chosen[random] = rng.integers(0, noise_size, int(random.sum()))
             return chosen
