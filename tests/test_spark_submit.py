@@ -51,6 +51,19 @@ def test_conf_overrides_win() -> None:
     assert conf["spark.sql.shuffle.partitions"] == "2" and conf["spark.x"] == "y"
 
 
+def test_local_driver_memory_is_a_setting(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("RECFLOW_SPARK_DRIVER_MEMORY", raising=False)
+    assert conf_of(SparkSubmit("job.py", []).argv())["spark.driver.memory"] == "2g"
+    monkeypatch.setenv("RECFLOW_SPARK_DRIVER_MEMORY", "8g")  # ml-20m's preprocess ran out of a 2g heap
+    assert conf_of(SparkSubmit("job.py", []).argv())["spark.driver.memory"] == "8g"
+    # A cluster's driver memory is the cluster's deployment to size (spark-defaults), not this machine's setting.
+    assert "spark.driver.memory" not in conf_of(SparkSubmit("job.py", [], master="spark://h:7077",
+                                                            profile="cluster").argv())
+    # A job's own conf still wins over the setting.
+    overridden = SparkSubmit("job.py", [], conf_overrides={"spark.driver.memory": "1g"})
+    assert conf_of(overridden.argv())["spark.driver.memory"] == "1g"
+
+
 def test_cluster_profile_ships_the_code() -> None:
     argv = SparkSubmit("criteo/day_stats.py", ["--day", "1"], master="spark://127.0.0.1:7077",
                        profile="cluster").argv()

@@ -47,7 +47,7 @@ from pathlib import Path
 
 from tasks.core.config import REPO_ROOT, engine_choice
 from tasks.core.process import run_streaming
-from tasks.core.settings_registry import read
+from tasks.core.settings_registry import read, value
 from tasks.core.storage import atomic_file
 
 log = logging.getLogger(__name__)
@@ -60,7 +60,6 @@ CODE_ARCHIVE_PREFIX = "recflow_spark_code-"
 _LOCAL_CONF = {
     "spark.sql.shuffle.partitions": "8",
     "spark.sql.adaptive.enabled": "true",
-    "spark.driver.memory": "2g",
     "spark.ui.enabled": "false",
     "spark.ui.showConsoleProgress": "false",
     "spark.sql.session.timeZone": "UTC",
@@ -366,6 +365,8 @@ class SparkSubmit:
         if self.profile not in PROFILES:
             raise ValueError(f"unknown Spark profile {self.profile!r}; expected one of {', '.join(PROFILES)}")
         conf = dict(_LOCAL_CONF if self.profile == "local" else _CLUSTER_CONF)
+        if self.profile == "local":
+            conf["spark.driver.memory"] = value("RECFLOW_SPARK_DRIVER_MEMORY")
         if self.profile in GPU_PROFILES:
             conf.update(rapids_conf(self.profile, self.master, self.gpu_executor or GpuExecutor.from_env(),
                                     self.spark_version or installed_spark_version(), self.rapids_jar_path()))
