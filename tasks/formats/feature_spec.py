@@ -98,7 +98,7 @@ class FeatureSpec:
         try:
             with open(path, encoding="utf-8") as f:
                 # libyaml's safe loader where PyYAML has it: the same values ~10x faster (a 40-feature spec: 70 ms
-                # of a BYO transcode's ~1 s in pure python)
+                # of a ~1 s transcode in pure python)
                 loaded = yaml.load(f, Loader=yaml.CSafeLoader) if hasattr(yaml, "CSafeLoader") else yaml.safe_load(f)
         except yaml.YAMLError as err:
             raise FeatureSpecError(f"{path}: not valid YAML ({' '.join(str(err).split())})") from err
