@@ -18,6 +18,10 @@ What is measured, in this order, in one process:
   checksum    state_checksum of those weights alone (in the trainer it runs while model.pt is written).
   step        the model step alone: forward, backward, dense SGD and the tables' index_add_ update on a batch
               already on the device (AMP on CUDA), after warm-up.
+  variants    (--variants, before the trainer) the model step of the previous layout (one sparse-gradient
+              nn.Embedding per table + torch.optim.SGD, the triangle by a 2-D advanced index) beside today's step
+              eager, compiled, and compiled with CUDA graphs: before/after and the knobs' defaults, side by side.
+              A variant that fails is recorded with its error; if compiling fails the trainer runs --compile off.
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch import nn
 
 # NVIDIA's criteo_f15.yaml (Criteo 1TB, frequency threshold 15): 32,709,138 rows, 16.7 GB at d=128 in fp32.
 CRITEO_F15 = (7912889, 33823, 17139, 7339, 20046, 4, 7105, 1382, 63, 5554114, 582469, 245828, 11, 2209, 10667, 104,
@@ -84,14 +89,14 @@ def write_data(root: Path, shape: Shape) -> Path:
     return root
 
 
-def run_trainer(data: Path, out: Path, shape: Shape) -> dict[str, Any]:
+def run_trainer(data: Path, out: Path, shape: Shape, extra: list[str] | None = None) -> dict[str, Any]:
     """models.dlrm.train in this process; its wall time, metrics.json and the steady rate of its interval lines."""
     from models.dlrm.train import main
 
     argv = ["--dataset_dir", str(data), "--output_dir", str(out), "--device", shape.device,
             "--batch_size", str(shape.batch_size), "--eval_batch_size", str(shape.batch_size), "--epochs", "1",
             "--log_every_steps", str(shape.log_every_steps), "--checkpoint_every_steps", "0", "--lr", str(LR),
-            "--amp" if shape.amp else "--no-amp"]
+            "--amp" if shape.amp else "--no-amp", *(extra or [])]
     started = time.perf_counter()
     result = main(argv)
     wall = time.perf_counter() - started
@@ -122,19 +127,55 @@ def reference_costs(model_path: Path, device: torch.device, scratch: Path) -> di
     return {"save_s": save, "checksum_s": checksum}
 
 
-def model_step(shape: Shape, device: torch.device) -> dict[str, float]:
-    """Samples/s of the training step alone on a batch already on the device (the trainer's own step code)."""
+class PreviousDlrm(nn.Module):
+    """The step before issue #28, for the before/after figure: one sparse-gradient nn.Embedding per table (updated
+    by torch.optim.SGD), the interaction's lower triangle by dots[:, rows, cols]; the MLPs are `model`'s."""
+
+    def __init__(self, model: nn.Module, cards: list[int]) -> None:
+        super().__init__()
+        self.bottom_mlp, self.top_mlp = model.bottom_mlp, model.top_mlp
+        self.embeddings = nn.ModuleList(nn.Embedding(rows, model.embedding_dim, sparse=True) for rows in cards)
+        for table in self.embeddings:
+            nn.init.uniform_(table.weight, -(1.0 / table.num_embeddings) ** 0.5, (1.0 / table.num_embeddings) ** 0.5)
+        n = len(cards) + 1
+        rows, cols = torch.tril_indices(n, n, offset=-1)
+        self.register_buffer("rows", rows, persistent=False)
+        self.register_buffer("cols", cols, persistent=False)
+
+    def forward(self, numerical: torch.Tensor, categorical: torch.Tensor) -> torch.Tensor:
+        bottom = self.bottom_mlp(numerical)
+        looked_up = [table(categorical[:, i]).to(bottom.dtype) for i, table in enumerate(self.embeddings)]
+        stacked = torch.stack([bottom, *looked_up], dim=1)
+        dots = torch.bmm(stacked, stacked.transpose(1, 2))
+        return self.top_mlp(torch.cat([bottom, dots[:, self.rows, self.cols]], dim=1)).squeeze(1)
+
+
+STEP_VARIANTS = {  # name -> (layout, --compile, --cuda_graphs)
+    "previous": ("previous", "off", False),
+    "eager": ("joint", "off", False),
+    "compiled": ("joint", "on", False),
+    "compiled+cuda_graphs": ("joint", "on", True),
+}
+
+
+def model_step(shape: Shape, device: torch.device, variant: str = "default") -> dict[str, float]:
+    """Samples/s of the training step alone on a batch already on the device (the trainer's own step code).
+    variant: "default" (what the trainer does with its default knobs) or a key of STEP_VARIANTS."""
     from models.dlrm.config import DlrmConfig
     from models.dlrm.model import Dlrm
     from models.dlrm.train import compile_dense
     from models.torchkit.distributed import DistContext, autocast_context, make_grad_scaler
     from tasks.core.progress import RankLog
 
+    layout, compile_mode, cuda_graphs = STEP_VARIANTS.get(variant, ("joint", "auto", False))
     cards = cardinalities(shape.table_scale)
-    cfg = DlrmConfig(device=shape.device, amp=shape.amp, lr=LR)
+    cfg = DlrmConfig(device=shape.device, amp=shape.amp, lr=LR, compile=compile_mode, cuda_graphs=cuda_graphs)
     with torch.device(device):
-        model = Dlrm(NUM_NUMERICAL, cards)
-    compile_dense(model, cfg, DistContext(0, 0, 1, device, None), RankLog(0))
+        if layout == "previous":
+            model: nn.Module = PreviousDlrm(Dlrm(NUM_NUMERICAL, [2] * len(cards)), cards)
+        else:
+            model = Dlrm(NUM_NUMERICAL, cards)
+            compile_dense(model, cfg, DistContext(0, 0, 1, device, None), RankLog(0))
     optimizer = torch.optim.SGD(model.parameters(), lr=cfg.lr)
     scaler = make_grad_scaler(device, shape.amp)
     generator = torch.Generator(device=device).manual_seed(0)
@@ -142,6 +183,7 @@ def model_step(shape: Shape, device: torch.device) -> dict[str, float]:
     categorical = torch.stack([torch.randint(0, c, (shape.batch_size,), device=device, generator=generator)
                                for c in cards], dim=1)
     label = torch.randint(0, 2, (shape.batch_size,), device=device, generator=generator).float()
+    fused = layout == "joint"
 
     def step() -> None:
         with autocast_context(device, shape.amp):
@@ -150,54 +192,98 @@ def model_step(shape: Shape, device: torch.device) -> dict[str, float]:
         optimizer.zero_grad(set_to_none=True)
         if scaler is not None:
             scaler.scale(loss).backward()
-            model.apply_sparse_update(cfg.lr, inv_scale=scaler._scale.double().reciprocal().float())  # noqa: SLF001
+            if fused:
+                model.apply_sparse_update(cfg.lr, inv_scale=scaler._scale.double().reciprocal().float())  # noqa: SLF001
             scaler.step(optimizer)
             scaler.update()
         else:
             loss.backward()
-            model.apply_sparse_update(cfg.lr)
+            if fused:
+                model.apply_sparse_update(cfg.lr)
             optimizer.step()
 
-    for _ in range(3):  # warm-up (and compilation where it is on)
+    started = time.perf_counter()
+    for _ in range(5 if compile_mode == "on" else 3):  # warm-up (compiling, capturing graphs where on)
         step()
     _sync(device)
+    warmup = time.perf_counter() - started
     started = time.perf_counter()
     for _ in range(shape.step_iterations):
         step()
     _sync(device)
     seconds = (time.perf_counter() - started) / shape.step_iterations
-    return {"ms_per_step": seconds * 1e3, "samples_per_second": shape.batch_size / seconds}
+    del model, optimizer
+    return {"ms_per_step": seconds * 1e3, "samples_per_second": shape.batch_size / seconds,
+            "warmup_s": round(warmup, 2)}
 
 
-def measure(shape: Shape, work: Path) -> dict[str, Any]:
-    """Everything the module docstring lists, as one dict (the JSON line)."""
+def step_variants(shape: Shape, device: torch.device) -> dict[str, dict[str, Any]]:
+    """The model step of every STEP_VARIANTS entry, one after the other (each frees its tables before the next)."""
+    results: dict[str, dict[str, Any]] = {}
+    for name in STEP_VARIANTS:
+        if "cuda_graphs" in name and device.type != "cuda":
+            continue
+        try:
+            step = model_step(shape, device, name)
+            results[name] = {"samples_per_second": round(step["samples_per_second"]),
+                             "ms_per_step": round(step["ms_per_step"], 3), "warmup_s": step["warmup_s"]}
+        except Exception as exc:  # noqa: BLE001 - a variant that fails is a figure too (e.g. no compiler for inductor)
+            results[name] = {"error": f"{type(exc).__name__}: {str(exc).splitlines()[0][:300] if str(exc) else ''}"}
+        print(json.dumps({"variant": name, **results[name]}), flush=True)
+        torch._dynamo.reset()  # noqa: SLF001
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    base = results.get("previous", {}).get("samples_per_second")
+    for figures in results.values():
+        if base and "samples_per_second" in figures:
+            figures["vs_previous"] = round(figures["samples_per_second"] / base, 3)
+    return results
+
+
+def measure(shape: Shape, work: Path, variants: bool = False,
+            partial: Path | None = None) -> dict[str, Any]:
+    """Everything the module docstring lists, as one dict (the JSON line). partial: a file rewritten after every
+    phase with what is known so far (a run cut short by a time limit still leaves its figures)."""
     device = torch.device(shape.device)
     work.mkdir(parents=True, exist_ok=True)
+    known: dict[str, Any] = {"bench": "gpu_dlrm", "device": device_name(device), "torch": torch.__version__,
+                             "shape": shape.__dict__}
+
+    def note(**figures: Any) -> None:
+        known.update(figures)
+        if partial is not None:
+            partial.write_text(json.dumps(known, sort_keys=True) + "\n")
+
     started = time.perf_counter()
     data = write_data(work / "data", shape)
-    data_s = time.perf_counter() - started
-    train = run_trainer(data, work / "run", shape)
-    reference = reference_costs(work / "run" / "model.pt", device, work)
-    step = model_step(shape, device)
+    note(data_seconds=round(time.perf_counter() - started, 2))
+    extra: list[str] = []
+    if variants:
+        note(step_variants=step_variants(shape, device))
+        if "error" in known["step_variants"].get("compiled", {}):
+            extra = ["--compile", "off"]
+            note(trainer_compile="off (compiling failed in the variants)")
+    train = run_trainer(data, work / "run", shape, extra)
     phases = train["seconds"]
     fixed = train["wall_s"] - phases["train_loop"] - phases["final_write"]
-    return {
-        "bench": "gpu_dlrm", "device": device_name(device), "torch": torch.__version__,
-        "shape": shape.__dict__, "table_bytes": train["embedding_bytes"], "data_seconds": round(data_s, 2),
-        "train_steady_samples_per_second": round(train["steady_samples_per_second"]),
-        "train_loop_samples_per_second": round(train["loop_samples_per_second"]),
-        "model_step_samples_per_second": round(step["samples_per_second"]),
-        "model_step_ms": round(step["ms_per_step"], 3),
-        "fixed_cost": {"train_wall_s": round(train["wall_s"], 3), **{f"{k}_s": v for k, v in phases.items()},
-                       "fixed_s": round(fixed, 3),
-                       "other_s": round(fixed - phases["build_model"] - phases.get("final_eval", 0.0)
-                                        - phases.get("resume", 0.0), 3),
-                       "reference_save_s": round(reference["save_s"], 3),
-                       "checksum_alone_s": round(reference["checksum_s"], 3),
-                       "final_write_vs_save": round(phases["final_write"] / reference["save_s"], 3),
-                       "fixed_vs_save": round(fixed / reference["save_s"], 3)},
-        "auc": train["auc"], "interval_rates": [round(r) for r in train["interval_rates"]],
-    }
+    note(table_bytes=train["embedding_bytes"],
+         train_steady_samples_per_second=round(train["steady_samples_per_second"]),
+         train_loop_samples_per_second=round(train["loop_samples_per_second"]),
+         auc=train["auc"], interval_rates=[round(r) for r in train["interval_rates"]],
+         fixed_cost={"train_wall_s": round(train["wall_s"], 3), **{f"{k}_s": v for k, v in phases.items()},
+                     "fixed_s": round(fixed, 3),
+                     "other_s": round(fixed - phases["build_model"] - phases.get("final_eval", 0.0)
+                                      - phases.get("resume", 0.0), 3)})
+    reference = reference_costs(work / "run" / "model.pt", device, work)
+    known["fixed_cost"].update({"reference_save_s": round(reference["save_s"], 3),
+                                "checksum_alone_s": round(reference["checksum_s"], 3),
+                                "final_write_vs_save": round(phases["final_write"] / reference["save_s"], 3),
+                                "fixed_vs_save": round(fixed / reference["save_s"], 3)})
+    note()
+    step = model_step(shape, device)
+    note(model_step_samples_per_second=round(step["samples_per_second"]),
+         model_step_ms=round(step["ms_per_step"], 3))
+    return known
 
 
 def parse_args(argv: list[str] | None) -> tuple[Shape, argparse.Namespace]:
@@ -212,7 +298,10 @@ def parse_args(argv: list[str] | None) -> tuple[Shape, argparse.Namespace]:
                         help="mixed precision (default: on for CUDA, off for CPU)")
     parser.add_argument("--log_every_steps", type=int, default=16)
     parser.add_argument("--work", type=Path, default=None, help="scratch directory (default: a temporary one)")
-    parser.add_argument("--json", type=Path, default=None, help="also write the JSON line here")
+    parser.add_argument("--json", type=Path, default=None,
+                        help="also write the JSON line here (rewritten after every phase while the run goes on)")
+    parser.add_argument("--variants", action="store_true",
+                        help="also time the model step of the previous layout, eager, compiled, with CUDA graphs")
     args = parser.parse_args(argv)
     amp = args.device == "cuda" if args.amp is None else args.amp
     shape = Shape(args.device, args.table_scale, args.train_rows, args.test_rows, args.batch_size,
@@ -223,10 +312,10 @@ def parse_args(argv: list[str] | None) -> tuple[Shape, argparse.Namespace]:
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     shape, args = parse_args(argv)
     if args.work is not None:
-        result = measure(shape, args.work)
+        result = measure(shape, args.work, args.variants, args.json)
     else:
         with tempfile.TemporaryDirectory(prefix="gpu_dlrm-") as scratch:
-            result = measure(shape, Path(scratch))
+            result = measure(shape, Path(scratch), args.variants, args.json)
     line = json.dumps(result, sort_keys=True)
     if args.json is not None:
         args.json.write_text(line + "\n")
