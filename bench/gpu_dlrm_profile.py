@@ -1,0 +1,196 @@
+"""Where the DLRM step's time goes on a GPU, and what the table update could be instead (issue #28 §2).
+
+  python3 -m bench.gpu_dlrm_profile --device cuda --json profile.json     # criteo_f15 tables, batch 65536, AMP
+
+One model at NVIDIA's criteo_f15 cardinalities, its dense layers compiled as the trainer does; then, on a batch
+already on the device:
+  profile     torch.profiler over 5 steps of today's step: the kernels that take the GPU's time, top first.
+  updates     the whole step (forward, backward, dense SGD, table update) with the table update done each way:
+                today        models.dlrm.model.Dlrm.apply_sparse_update (fp16 rows -> fp32, x 1/scale, isfinite)
+                none         no table update at all: the ceiling any update can reach
+                fused_scale  the rows' unscale and finite check in one compiled kernel, then one index_add_
+                dedup        fused_scale, then duplicate ids summed first (unique + index_add_ into a compact
+                             buffer), so the table's index_add_ touches each row once
+                sorted       fused_scale, then ids sorted and equal ids' rows summed (segment_reduce)
+                bf16         autocast bf16 (no loss scale, nothing to unscale), rows -> fp32, one index_add_
+  ops         the table ops alone: the lookup (index_select), index_add_ of this batch's ids (skewed: the small
+              tables' rows are hit thousands of times) and of as many distinct random rows.
+One JSON line; the figures are what to choose the trainer's update from.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from bench.gpu_dlrm import LR, NUM_NUMERICAL, cardinalities, device_name
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _timed(device: torch.device, fn: Callable[[], None], warmup: int, iterations: int) -> float:
+    for _ in range(warmup):
+        fn()
+    _sync(device)
+    started = time.perf_counter()
+    for _ in range(iterations):
+        fn()
+    _sync(device)
+    return (time.perf_counter() - started) / iterations
+
+
+def _unscaled(grads: torch.Tensor, inv_scale: torch.Tensor) -> torch.Tensor:
+    """fp32 rows x 1/scale, all zero if any is not finite (one reduction and one pointwise pass when compiled)."""
+    finite = torch.isfinite(grads.float().sum())
+    return torch.where(finite, grads.float() * inv_scale, torch.zeros((), device=grads.device))
+
+
+def measure(args: argparse.Namespace) -> dict[str, Any]:
+    from models.dlrm.config import DlrmConfig
+    from models.dlrm.model import Dlrm
+    from models.dlrm.train import compile_dense
+    from models.torchkit.distributed import DistContext
+    from tasks.core.progress import RankLog
+
+    device = torch.device(args.device)
+    cuda = device.type == "cuda"
+    cards = cardinalities(args.table_scale)
+    batch = args.batch_size
+    result: dict[str, Any] = {"bench": "gpu_dlrm_profile", "device": device_name(device), "torch": torch.__version__,
+                              "batch_size": batch, "table_scale": args.table_scale}
+
+    def note(**figures: Any) -> None:
+        result.update(figures)
+        print(json.dumps(figures), flush=True)
+        if args.json is not None:
+            args.json.write_text(json.dumps(result, sort_keys=True) + "\n")
+
+    cfg = DlrmConfig(device=args.device, amp=True, lr=LR, compile=args.compile)
+    with torch.device(device):
+        model = Dlrm(NUM_NUMERICAL, cards)
+    compile_dense(model, cfg, DistContext(0, 0, 1, device, None), RankLog(0))
+    weight = model.embeddings.weight
+    optimizer = torch.optim.SGD([p for n, p in model.named_parameters() if n != "embeddings.weight"], lr=LR)
+    generator = torch.Generator(device=device).manual_seed(0)
+    numerical = torch.randn(batch, NUM_NUMERICAL, device=device, generator=generator)
+    categorical = torch.stack([torch.randint(0, c, (batch,), device=device, generator=generator) for c in cards],
+                              dim=1)
+    label = torch.randint(0, 2, (batch,), device=device, generator=generator).float()
+    unscaled = torch.compile(_unscaled) if args.compile != "off" else _unscaled
+
+    def update_today(ids: torch.Tensor, grads: torch.Tensor, inv: torch.Tensor | None) -> None:
+        model.embeddings.pending.append((ids, grads))
+        model.apply_sparse_update(LR, inv_scale=inv)
+
+    def update_none(ids: torch.Tensor, grads: torch.Tensor, inv: torch.Tensor | None) -> None:
+        return
+
+    def _rows(grads: torch.Tensor, inv: torch.Tensor | None) -> torch.Tensor:
+        return unscaled(grads, inv) if inv is not None else grads.float()
+
+    def update_fused(ids: torch.Tensor, grads: torch.Tensor, inv: torch.Tensor | None) -> None:
+        weight.data.index_add_(0, ids, _rows(grads, inv), alpha=-LR)
+
+    def update_dedup(ids: torch.Tensor, grads: torch.Tensor, inv: torch.Tensor | None) -> None:
+        unique, inverse = torch.unique(ids, return_inverse=True)
+        summed = torch.zeros(unique.numel(), grads.shape[1], device=device).index_add_(0, inverse, _rows(grads, inv))
+        weight.data.index_add_(0, unique, summed, alpha=-LR)
+
+    def update_sorted(ids: torch.Tensor, grads: torch.Tensor, inv: torch.Tensor | None) -> None:
+        order_ids, order = torch.sort(ids)
+        unique, counts = torch.unique_consecutive(order_ids, return_counts=True)
+        summed = torch.segment_reduce(_rows(grads, inv).index_select(0, order), "sum", lengths=counts, axis=0)
+        weight.data.index_add_(0, unique, summed, alpha=-LR)
+
+    updates = {"today": update_today, "none": update_none, "fused_scale": update_fused, "dedup": update_dedup,
+               "sorted": update_sorted, "bf16": update_fused}
+
+    def make_step(update: Callable[..., None], dtype: torch.dtype) -> Callable[[], None]:
+        scaler = torch.amp.GradScaler(device.type) if (cuda and dtype == torch.float16) else None
+
+        def step() -> None:
+            with torch.autocast(device_type=device.type, dtype=dtype):
+                logits = model(numerical, categorical)
+            loss = torch.nn.functional.binary_cross_entropy_with_logits(logits.float(), label)
+            optimizer.zero_grad(set_to_none=True)
+            (scaler.scale(loss) if scaler is not None else loss).backward()
+            ids, grads = model.embeddings.take_pending()
+            inv = scaler._scale.double().reciprocal().float() if scaler is not None else None  # noqa: SLF001
+            update(ids, grads, inv)
+            if scaler is not None:
+                scaler.step(optimizer)
+                scaler.update()
+            else:
+                optimizer.step()
+        return step
+
+    amp_dtype = torch.float16 if cuda else torch.bfloat16
+    today = make_step(update_today, amp_dtype)
+    _timed(device, today, warmup=5, iterations=1)  # compile
+    if args.profile_steps:
+        from torch.profiler import ProfilerActivity, profile
+
+        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+        with profile(activities=activities) as prof:
+            for _ in range(args.profile_steps):
+                today()
+            _sync(device)
+        events = prof.key_averages()
+        key = "self_cpu_time_total"
+        if cuda:
+            key = "self_device_time_total" if hasattr(events[0], "self_device_time_total") else "self_cuda_time_total"
+        total = sum(getattr(e, key) for e in events) or 1.0
+        top = sorted(events, key=lambda e: getattr(e, key), reverse=True)[:args.top]
+        note(profile=[{"name": e.key[:90], "share": round(getattr(e, key) / total, 4),
+                       "ms_per_step": round(getattr(e, key) / 1e3 / args.profile_steps, 3), "calls": e.count}
+                      for e in top])
+    steps: dict[str, Any] = {}
+    for name, update in updates.items():
+        dtype = torch.bfloat16 if name == "bf16" else amp_dtype
+        try:
+            seconds = _timed(device, make_step(update, dtype), warmup=5, iterations=args.iterations)
+            steps[name] = {"ms_per_step": round(seconds * 1e3, 3), "samples_per_second": round(batch / seconds)}
+        except Exception as exc:  # noqa: BLE001 - a variant that fails is a figure too
+            steps[name] = {"error": f"{type(exc).__name__}: {str(exc).splitlines()[0][:300] if str(exc) else ''}"}
+        model.embeddings.pending = []
+        print(json.dumps({"update": name, **steps[name]}), flush=True)
+    note(updates=steps)
+
+    ids = (categorical + model.embeddings.offsets).reshape(-1)
+    rows = torch.randn(ids.numel(), weight.shape[1], device=device)
+    distinct = torch.randint(0, weight.shape[0], (ids.numel(),), device=device, generator=generator)
+    with torch.no_grad():
+        ops = {
+            "lookup_index_select": _timed(device, lambda: weight.index_select(0, ids), 3, args.iterations),
+            "index_add_batch_ids": _timed(device, lambda: weight.data.index_add_(0, ids, rows, alpha=-1e-9), 3,
+                                          args.iterations),
+            "index_add_random_ids": _timed(device, lambda: weight.data.index_add_(0, distinct, rows, alpha=-1e-9), 3,
+                                           args.iterations),
+        }
+    note(ops_ms={k: round(v * 1e3, 3) for k, v in ops.items()}, rows_per_step=int(ids.numel()))
+    return result
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
+    parser.add_argument("--table_scale", type=int, default=1)
+    parser.add_argument("--batch_size", type=int, default=65536)
+    parser.add_argument("--iterations", type=int, default=30)
+    parser.add_argument("--profile_steps", type=int, default=5)
+    parser.add_argument("--top", type=int, default=25)
+    parser.add_argument("--compile", default="auto", choices=("auto", "on", "off"))
+    parser.add_argument("--json", type=Path, default=None)
+    return measure(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    main()
