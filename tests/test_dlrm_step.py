@@ -18,7 +18,7 @@ from models.dlrm.synthetic import make_synthetic_dataset
 from models.dlrm.train import check_table_layout, main
 from models.dlrm.config import DlrmConfig
 from models.torchkit.checkpoint import latest_checkpoint, load_checkpoint, state_checksum
-from models.torchkit.distributed import DistContext
+from models.torchkit.distributed import DistContext, amp_dtype, make_grad_scaler
 
 CARDS = [7, 50, 3, 1000]
 # fp32 on the CPU: the two paths add the same gradient rows in a different order (a coalesced sparse tensor vs
@@ -60,7 +60,7 @@ def _batches(steps: int, batch: int = 64) -> list[tuple[torch.Tensor, torch.Tens
 
 def test_new_step_equals_the_previous_step() -> None:
     torch.manual_seed(0)
-    model = Dlrm(5, CARDS, bottom_mlp_sizes=(16, 8), top_mlp_sizes=(16, 1))
+    model = Dlrm(5, CARDS, bottom_mlp_sizes=(16, 8), top_mlp_sizes=(16, 1), interaction_padding=False)
     previous = PreviousDlrm(model)
     new_sgd = torch.optim.SGD(model.parameters(), lr=0.5)
     old_sgd = torch.optim.SGD(previous.parameters(), lr=0.5)
@@ -87,9 +87,9 @@ def test_new_step_equals_the_previous_step() -> None:
 
 def test_previous_layout_checkpoints_load_and_saved_state_keeps_its_keys(tmp_path: Path) -> None:
     torch.manual_seed(1)
-    model = Dlrm(5, CARDS, bottom_mlp_sizes=(16, 8), top_mlp_sizes=(16, 1))
+    model = Dlrm(5, CARDS, bottom_mlp_sizes=(16, 8), top_mlp_sizes=(16, 1), interaction_padding=False)
     old_state = PreviousDlrm(model).state_dict()  # what a model.pt of the previous layout holds
-    rebuilt = Dlrm(5, CARDS, bottom_mlp_sizes=(16, 8), top_mlp_sizes=(16, 1))
+    rebuilt = Dlrm(5, CARDS, bottom_mlp_sizes=(16, 8), top_mlp_sizes=(16, 1), interaction_padding=False)
     rebuilt.load_state_dict(old_state)
     numerical, categorical, _ = _batches(1)[0]
     with torch.no_grad():
@@ -105,6 +105,69 @@ def test_previous_layout_checkpoints_load_and_saved_state_keeps_its_keys(tmp_pat
         rebuilt.load_state_dict({**old_state, "embeddings.1.weight": torch.zeros(49, 8)})
     with pytest.raises(RuntimeError, match="Missing key"):
         rebuilt.load_state_dict({k: v for k, v in old_state.items() if k != "embeddings.2.weight"})
+
+
+def test_the_padded_interaction_trains_as_the_unpadded_one_did() -> None:
+    """Zero columns bring the interaction to a multiple of 8 (10 + 8 = 18 -> 24 here): same losses and weights as
+    the unpadded model whose weights it starts from, whatever the padded columns' weights hold (they never train)."""
+    torch.manual_seed(2)
+    unpadded = Dlrm(5, CARDS, bottom_mlp_sizes=(16, 8), top_mlp_sizes=(16, 1), interaction_padding=False)
+    padded = Dlrm(5, CARDS, bottom_mlp_sizes=(16, 8), top_mlp_sizes=(16, 1))
+    assert (unpadded.interaction.output_size, padded.interaction.output_size) == (18, 24)
+    state = unpadded.state_dict()
+    assert torch.equal(padded.state_dict()["top_mlp.0.weight"][:, 18:], torch.zeros(16, 6))
+    torch.manual_seed(2)  # the same seed draws the same model: padding changes no weight
+    again = Dlrm(5, CARDS, bottom_mlp_sizes=(16, 8), top_mlp_sizes=(16, 1))
+    for name, value in unpadded.state_dict().items():
+        got = again.state_dict()[name]
+        assert torch.equal(got[:, :18] if name == "top_mlp.0.weight" else got, value), name
+    extra = torch.randn(16, 6)
+    padded.load_state_dict({**state, "top_mlp.0.weight": torch.cat([state["top_mlp.0.weight"], extra], dim=1)})
+    sgds = [torch.optim.SGD(m.parameters(), lr=0.5) for m in (unpadded, padded)]
+    for numerical, categorical, label in _batches(5):
+        losses = []
+        for net, sgd in zip((unpadded, padded), sgds):
+            sgd.zero_grad(set_to_none=True)
+            loss = nn.functional.binary_cross_entropy_with_logits(net(numerical, categorical), label)
+            loss.backward()
+            sgd.step()
+            net.apply_sparse_update(lr=0.5)
+            losses.append(loss.item())
+        assert losses[0] == pytest.approx(losses[1], abs=TOLERANCE)
+    after = padded.state_dict()
+    torch.testing.assert_close(after["top_mlp.0.weight"][:, 18:], extra, atol=0, rtol=0)
+    for name, value in unpadded.state_dict().items():
+        torch.testing.assert_close(after[name][:, :18] if name == "top_mlp.0.weight" else after[name], value,
+                                   atol=TOLERANCE, rtol=0, msg=name)
+
+
+def test_a_model_file_from_before_the_padding_is_rebuilt_unpadded(tmp_path: Path) -> None:
+    """Published versions saved before the padding have no `interaction_padding` in their hparams."""
+    model = Dlrm(5, CARDS, bottom_mlp_sizes=(16, 8), top_mlp_sizes=(16, 1), interaction_padding=False)
+    model.hparams.pop("interaction_padding")  # what the previous code saved
+    path = tmp_path / "model.pt"
+    evaluate.save_model_file(path, model, {"dataset_dir": ""}, step=1)
+    loaded, _ = evaluate.load_model_file(path)
+    assert loaded.interaction.output_size == 18
+    numerical, categorical, _ = _batches(1)[0]
+    with torch.no_grad():
+        assert torch.equal(loaded(numerical, categorical), model(numerical, categorical))
+
+
+def test_amp_type_is_bf16_where_the_device_computes_it_and_fp16_needs_its_scaler(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    cuda = torch.device("cuda")
+    assert amp_dtype(torch.device("cpu")) == torch.bfloat16
+    with pytest.raises(ValueError, match="fp16 needs CUDA"):
+        amp_dtype(torch.device("cpu"), "fp16")
+    # No GPU here: the device's compute capability is stubbed (an A100/H100 is 8.x/9.x, a V100 7.0).
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    assert amp_dtype(cuda) == torch.bfloat16 and amp_dtype(cuda, "fp16") == torch.float16
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (7, 0))
+    assert amp_dtype(cuda) == torch.float16 and amp_dtype(cuda, "bf16") == torch.bfloat16
+    assert make_grad_scaler(cuda, True, torch.bfloat16) is None and make_grad_scaler(cuda, False) is None
+    with pytest.raises(ValueError, match="expected one of auto, bf16, fp16"):
+        amp_dtype(cuda, "fp8")
 
 
 def test_a_run_writes_its_weights_once_and_resumes_from_them(tmp_path: Path) -> None:

@@ -68,7 +68,10 @@ class DlrmConfig:
     keep_checkpoints: int = _opt(3, "how many step checkpoints to keep (0: all)")
     # execution
     device: str = _opt("auto", "cpu, cuda or auto", choices=("cpu", "cuda", "auto"))
-    amp: bool = _opt(False, "mixed precision: fp16 + GradScaler on CUDA, bf16 autocast on CPU")
+    amp: bool = _opt(False, "mixed precision (autocast in --amp_dtype)")
+    amp_dtype: str = _opt("auto", "type of --amp: bf16, fp16 (CUDA, with a loss scaler) or auto (bf16 where the "
+                                  "device computes it natively: the CPU, CUDA compute capability >= 8; fp16 on "
+                                  "older GPUs)", choices=("auto", "bf16", "fp16"))
     seed: int = _opt(12345, "seed for weights, batch order and RNG state")
     shuffle_batch_order: bool = _opt(False, "shuffle the order of whole batches each epoch (seeded)")
     drop_last_train_batch: bool = _opt(True, "drop the short last training batch (eval always keeps it)")

@@ -72,6 +72,7 @@ def predict_dataset(
     amp: bool = False,
     limit_batches: int | None = None,
     prefetch_depth: int = 4,
+    amp_dtype: torch.dtype | None = None,
 ) -> StreamingPredictions:
     """Logits for every row of the dataset's batches (in file order), collected with their labels."""
     was_training = model.training
@@ -82,7 +83,7 @@ def predict_dataset(
         with PrefetchingReader(dataset, indices, prefetch_depth, raw=decodes_on_device(device)) as reader:
             for batch in reader:
                 numerical, categorical, label = to_device(batch, device)
-                with autocast_context(device, amp):
+                with autocast_context(device, amp, amp_dtype):
                     logits = model(numerical, categorical)
                 predictions.add(label.cpu().numpy(), logits.float().cpu().numpy())
     finally:

@@ -4,8 +4,10 @@ numericals -> bottom MLP (512-256-128) -> d-vector; each categorical -> its own 
 dot interaction over the 1 + n_cat vectors (pairwise dot products, strict lower triangle) concatenated with the
 bottom-MLP output -> top MLP (1024-1024-512-256-1) -> one click logit per row.
 
-Differences from NVIDIA, on purpose: no zero padding of the interaction output to a multiple of 8 (it only aligns
-tensor-core tiles; the padded columns are always 0), and no fused CUDA kernels (plain PyTorch ops on any device).
+Like NVIDIA, the interaction output is padded with zero columns to a multiple of 8 (479 -> 480 for Criteo), which
+keeps the top MLP's first GEMM on aligned tensor-core kernels; models saved before the padding (no
+`interaction_padding` in their hparams) are rebuilt unpadded. Different from NVIDIA on purpose: no fused CUDA
+kernels (plain PyTorch ops on any device).
 
 The tables live in one joint [sum(rows), d] weight (`JointEmbedding`; table i starts at row offsets[i]): one
 lookup per batch for all tables, and with `sparse_embeddings` an SGD update fused into one `index_add_` of the
@@ -23,6 +25,9 @@ from typing import Any
 import torch
 from torch import nn
 from torch.nn import functional as F
+
+# The interaction's output width is padded to a multiple of this (fp16/bf16 tensor-core GEMMs want 8).
+PAD_TO = 8
 
 FLOAT32_BYTES = 4
 
@@ -46,10 +51,26 @@ def mlp(in_features: int, sizes: Sequence[int], relu_last: bool) -> nn.Sequentia
     return nn.Sequential(*layers)
 
 
-def interaction_output_size(num_categorical: int, embedding_dim: int) -> int:
-    """Width of the dot interaction's output: d (bottom MLP) + n(n-1)/2 pairwise dots, n = 1 + num_categorical."""
+def top_mlp(interaction: DotInteraction, sizes: Sequence[int]) -> nn.Sequential:
+    """The top MLP over the interaction's output. With padding, the first layer is drawn as for the unpadded width
+    (same random numbers as an unpadded model of the same seed) and the padded inputs get zero weight columns: a
+    padded model starts, and trains, exactly as the unpadded one does; only its GEMMs are aligned."""
+    layers = mlp(interaction.output_size - interaction.padding, sizes, relu_last=False)
+    if interaction.padding:
+        first = layers[0]
+        with torch.no_grad():
+            zeros = first.weight.new_zeros(first.out_features, interaction.padding)
+            first.weight = nn.Parameter(torch.cat([first.weight, zeros], dim=1))
+        first.in_features += interaction.padding
+    return layers
+
+
+def interaction_output_size(num_categorical: int, embedding_dim: int, padded: bool = False) -> int:
+    """Width of the dot interaction's output: d (bottom MLP) + n(n-1)/2 pairwise dots, n = 1 + num_categorical;
+    padded: rounded up to a multiple of 8 with zero columns (NVIDIA's DLRM pads 479 to 480 the same way)."""
     n = num_categorical + 1
-    return embedding_dim + n * (n - 1) // 2
+    width = embedding_dim + n * (n - 1) // 2
+    return -(-width // PAD_TO) * PAD_TO if padded else width
 
 
 def table_sizes(cardinalities: Sequence[int], max_table_size: int | None) -> list[int]:
@@ -73,9 +94,13 @@ def embedding_table_bytes(
 
 
 class DotInteraction(nn.Module):
-    """Pairwise dot products of the bottom-MLP output and the embeddings, without self-products."""
+    """Pairwise dot products of the bottom-MLP output and the embeddings, without self-products.
 
-    def __init__(self, num_categorical: int, embedding_dim: int) -> None:
+    padded: zero columns bring the output width to a multiple of 8, so the top MLP's first GEMM runs on aligned
+    tensor-core kernels (with 479 columns an H200 ran sm75-era align1 kernels; docs/PERFORMANCE-gpu.md). A zero
+    input column changes no output, and its weight column gets a zero gradient."""
+
+    def __init__(self, num_categorical: int, embedding_dim: int, padded: bool = False) -> None:
         super().__init__()
         n = num_categorical + 1
         rows, cols = torch.tril_indices(n, n, offset=-1)
@@ -83,7 +108,8 @@ class DotInteraction(nn.Module):
         # whose backward is one index_add, not the sort-and-accumulate of a 2-D advanced index. A buffer, not a
         # parameter: it moves with .to(device) and nothing trains it.
         self.register_buffer("tril_flat", rows * n + cols, persistent=False)
-        self.output_size = interaction_output_size(num_categorical, embedding_dim)
+        self.output_size = interaction_output_size(num_categorical, embedding_dim, padded)
+        self.padding = self.output_size - interaction_output_size(num_categorical, embedding_dim)
 
     def forward(self, bottom_out: torch.Tensor, embeddings: torch.Tensor | list[torch.Tensor]) -> torch.Tensor:
         """bottom_out [b, d]; embeddings [b, n_cat, d] (or a list of n_cat [b, d])."""
@@ -92,6 +118,8 @@ class DotInteraction(nn.Module):
         stacked = torch.cat([bottom_out.unsqueeze(1), embeddings], dim=1)  # [b, n, d]
         dots = torch.bmm(stacked, stacked.transpose(1, 2))  # [b, n, n]
         flat = dots.flatten(1).index_select(1, self.tril_flat)  # [b, n(n-1)/2]
+        if self.padding:
+            return torch.cat([bottom_out, flat, flat.new_zeros(flat.shape[0], self.padding)], dim=1)
         return torch.cat([bottom_out, flat], dim=1)
 
 
@@ -204,6 +232,7 @@ class Dlrm(nn.Module):
         max_table_size: int | None = None,
         hash_indices: bool = False,
         sparse_embeddings: bool = True,
+        interaction_padding: bool = True,
     ) -> None:
         super().__init__()
         if num_numerical < 1:
@@ -223,6 +252,7 @@ class Dlrm(nn.Module):
             "max_table_size": None if max_table_size is None else int(max_table_size),
             "hash_indices": bool(hash_indices),
             "sparse_embeddings": bool(sparse_embeddings),
+            "interaction_padding": bool(interaction_padding),
         }
         self.embedding_dim = int(bottom_mlp_sizes[-1])
         self.hash_indices = hash_indices
@@ -231,8 +261,8 @@ class Dlrm(nn.Module):
         # whole (possibly GB-sized) table; without, the joint weight gets a dense gradient.
         self.embeddings = JointEmbedding(sizes, self.embedding_dim, fused=sparse_embeddings)
         self.register_buffer("rows_per_table", torch.tensor(sizes, dtype=torch.int64), persistent=False)
-        self.interaction = DotInteraction(len(sizes), self.embedding_dim)
-        self.top_mlp = mlp(self.interaction.output_size, top_mlp_sizes, relu_last=False)
+        self.interaction = DotInteraction(len(sizes), self.embedding_dim, interaction_padding)
+        self.top_mlp = top_mlp(self.interaction, top_mlp_sizes)
 
     @property
     def table_sizes(self) -> list[int]:
@@ -280,5 +310,6 @@ class Dlrm(nn.Module):
 
 
 def build_model(hparams: dict[str, Any]) -> Dlrm:
-    """Rebuild a model from the `hparams` dict stored in checkpoints and model.pt."""
-    return Dlrm(**hparams)
+    """Rebuild a model from the `hparams` dict stored in checkpoints and model.pt. Models saved before the
+    interaction was padded have no `interaction_padding`: they are rebuilt unpadded, as they were trained."""
+    return Dlrm(**{"interaction_padding": False, **hparams})

@@ -32,7 +32,7 @@ import torch.distributed as dist
 from torch import nn
 
 from models.dlrm.config import SHARDINGS
-from models.dlrm.model import DotInteraction, Dlrm, mlp
+from models.dlrm.model import DotInteraction, Dlrm, mlp, top_mlp
 from models.torchkit.distributed import DistContext
 
 DATA_PARALLEL = "data_parallel"
@@ -84,8 +84,8 @@ class ShardedDlrm(nn.Module):
         self.embedding_bags = EmbeddingBagCollection(tables=tables, device=torch.device("meta"))
         self.register_buffer("rows_per_table", torch.tensor(sizes, dtype=torch.int64, device=device),
                              persistent=False)
-        self.interaction = DotInteraction(len(sizes), dim).to(device)
-        self.top_mlp = mlp(self.interaction.output_size, self.hparams["top_mlp_sizes"], relu_last=False).to(device)
+        self.interaction = DotInteraction(len(sizes), dim, self.hparams["interaction_padding"]).to(device)
+        self.top_mlp = top_mlp(self.interaction, self.hparams["top_mlp_sizes"]).to(device)
 
     def sparse_parameters(self) -> list[tuple[str, nn.Parameter]]:
         return []  # the tables are updated by the fused optimizer in the backward pass, not by gradients

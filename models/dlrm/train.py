@@ -25,8 +25,8 @@ import torch
 from models.torchkit.checkpoint import (CheckpointError, capture_rng_state, device_fingerprint, latest_checkpoint,
                                       link_checkpoint, load_checkpoint, restore_rng_state, save_checkpoint,
                                       state_checksum)
-from models.torchkit.distributed import (DistContext, autocast_context, barrier, broadcast_from_main, data_parallel,
-                                       init_distributed, make_grad_scaler, shutdown_distributed)
+from models.torchkit.distributed import (DistContext, amp_dtype, autocast_context, barrier, broadcast_from_main,
+                                        data_parallel, init_distributed, make_grad_scaler, shutdown_distributed)
 from tasks.core.progress import ProgressMeter, RankLog, format_bytes, format_duration
 from models.dlrm.config import DlrmConfig, build_parser, config_from_namespace, lr_factor  # noqa: F401
 from models.dlrm.data import (Batch, PrefetchingReader, RawBatch, SplitBinaryDataset, decodes_on_device,
@@ -67,6 +67,7 @@ class _Run:
     optimizer: torch.optim.Optimizer
     scheduler: torch.optim.lr_scheduler.LambdaLR
     scaler: torch.amp.GradScaler | None
+    amp_dtype: torch.dtype  # autocast's type: bf16 or fp16 with cfg.amp, else float32 (no autocast)
     train_data: SplitBinaryDataset
     test_data: SplitBinaryDataset
     out: Path
@@ -108,10 +109,10 @@ def _setup(cfg: DlrmConfig, ctx: DistContext) -> _Run:
         raise ValueError(f"batch_size {cfg.batch_size} is not divisible by the world size {ctx.world_size}")
     if cfg.sharding != sharded.DATA_PARALLEL:
         sharded.check_sharding(cfg.sharding, ctx.device)
-        if cfg.amp and ctx.device.type == "cuda":
+        if cfg.amp and amp_dtype(ctx.device, cfg.amp_dtype) == torch.float16:
             # fp16 needs loss scaling, and the tables' fused optimizer steps inside backward on the scaled gradients.
-            raise ValueError(f"--amp (fp16 with loss scaling) on CUDA does not combine with --sharding {cfg.sharding}: "
-                             "the fused table optimizer would apply scaled gradients; train sharded in fp32")
+            raise ValueError(f"--amp in fp16 (with loss scaling) does not combine with --sharding {cfg.sharding}: "
+                             "the fused table optimizer would apply scaled gradients; use --amp_dtype bf16 or fp32")
     torch.manual_seed(cfg.seed)
     spec = FeatureSpec.from_yaml(Path(cfg.dataset_dir) / cfg.feature_spec)
     local_batch = cfg.batch_size // ctx.world_size
@@ -143,11 +144,12 @@ def _setup(cfg: DlrmConfig, ctx: DistContext) -> _Run:
         test_data.close()
         raise
     total_steps = steps_per_epoch * cfg.epochs
+    dtype = amp_dtype(ctx.device, cfg.amp_dtype) if cfg.amp else torch.float32
     schedule = cfg.schedule(total_steps)  # refuses a schedule that would stop learning before the last step
     log(f"lr schedule over {total_steps} steps: warmup {schedule.warmup_steps}, decay from step "
         f"{schedule.decay_start_step} over {schedule.decay_steps} (scaling: {cfg.schedule_scaling})")
     return _Run(cfg=cfg, ctx=ctx, log=log, core=core, optimizer=optimizer,
-                scheduler=make_scheduler(optimizer, cfg, total_steps), scaler=make_grad_scaler(ctx.device, cfg.amp),
+                scheduler=make_scheduler(optimizer, cfg, total_steps), scaler=make_grad_scaler(ctx.device, cfg.amp, dtype), amp_dtype=dtype,
                 train_data=train_data, test_data=test_data, out=Path(cfg.output_dir),
                 steps_per_epoch=steps_per_epoch, total_steps=total_steps, seconds={"build_model": build_seconds})
 
@@ -257,7 +259,8 @@ def _save_state(run: _Run, model_state: dict[str, torch.Tensor] | None) -> None:
 def _check_compatible(run: _Run, path: Path, state: dict[str, Any]) -> None:
     """Refuse a checkpoint of another model; warn about changed training knobs (they take effect from here)."""
     def shape(hparams: dict[str, Any]) -> dict[str, Any]:
-        return {k: v for k, v in hparams.items() if k != "sparse_embeddings"}  # gradient layout, not weights
+        # sparse_embeddings is the gradient layout, not the weights; a model saved before the padding is unpadded.
+        return {k: v for k, v in {"interaction_padding": False, **hparams}.items() if k != "sparse_embeddings"}
 
     if shape(state["hparams"]) != shape(run.core.hparams):
         raise CheckpointError(f"{path}: model {shape(state['hparams'])} differs from this run's "
@@ -316,7 +319,7 @@ def _train_step(run: _Run, batch: Batch | RawBatch) -> torch.Tensor:
         for group in run.fused.param_groups:
             group["lr"] = run.optimizer.param_groups[0]["lr"]
         run.fused.zero_grad()
-    with autocast_context(run.ctx.device, run.cfg.amp):
+    with autocast_context(run.ctx.device, run.cfg.amp, run.amp_dtype):
         logits = run.model(numerical, categorical)
     loss = torch.nn.functional.binary_cross_entropy_with_logits(logits.float(), label)
     run.optimizer.zero_grad(set_to_none=True)
@@ -332,6 +335,12 @@ def _train_step(run: _Run, batch: Batch | RawBatch) -> torch.Tensor:
         run.optimizer.step()
     run.scheduler.step()
     return loss.detach()
+
+
+def _amp_name(run: _Run) -> str:
+    if not run.cfg.amp:
+        return "off"
+    return {torch.bfloat16: "bf16", torch.float16: "fp16 + loss scaling"}[run.amp_dtype]
 
 
 def _sparse_update(run: _Run, lr: float, inv_scale: torch.Tensor | None = None) -> None:
@@ -373,7 +382,7 @@ def _evaluate(run: _Run, final: bool = False) -> dict[str, Any] | None:
     if run.ctx.is_main or run.sharded:
         started = time.perf_counter()
         predictions = predict_dataset(run.core, run.test_data, run.ctx.device, run.cfg.amp,
-                                      run.cfg.limit_eval_batches, run.cfg.prefetch_depth)
+                                      run.cfg.limit_eval_batches, run.cfg.prefetch_depth, run.amp_dtype)
     if run.ctx.is_main:
         metrics = predictions.compute()
         run.log(f"eval step {run.step}: auc {metrics['auc']:.5f} logloss {metrics['logloss']:.5f} "
@@ -525,7 +534,7 @@ def _train(cfg: DlrmConfig, ctx: DistContext) -> TrainResult:
             run.model = (data_parallel(run.core, ctx, [name for name, _ in run.core.sparse_parameters()])
                          if ctx.is_distributed else run.core)
         run.log(f"training {run.total_steps} steps ({cfg.epochs} epochs x {run.steps_per_epoch}) of {cfg.batch_size} "
-                f"rows on {ctx.world_size} x {ctx.device} ({ctx.backend or 'single process'}), amp={cfg.amp}, "
+                f"rows on {ctx.world_size} x {ctx.device} ({ctx.backend or 'single process'}), amp={_amp_name(run)}, "
                 f"starting at step {run.step}")
         started = time.perf_counter()
         meter = _train_epochs(run)

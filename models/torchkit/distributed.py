@@ -174,17 +174,39 @@ def broadcast_from_main(ctx: DistContext, value: Any) -> Any:
     return box[0]
 
 
-def autocast_context(device: torch.device, enabled: bool) -> contextlib.AbstractContextManager:
-    """Mixed precision: fp16 on CUDA (with a GradScaler), bf16 on CPU (bf16 keeps fp32's range: no scaler)."""
+AMP_DTYPES = ("auto", "bf16", "fp16")
+
+
+def amp_dtype(device: torch.device, name: str = "auto") -> torch.dtype:
+    """The autocast type of --amp on `device`. auto: bf16 where the device computes it natively (the CPU; CUDA
+    compute capability >= 8: A100, H100, H200), fp16 on older GPUs. bf16 keeps fp32's range, so it needs no loss
+    scaling (measured on an H200 at criteo_f15 size: the fp16 loss scaler and the unscaling of the table rows cost
+    ~27% of a DLRM step; docs/PERFORMANCE-gpu.md)."""
+    if name not in AMP_DTYPES:
+        raise ValueError(f"amp dtype {name!r}: expected one of {', '.join(AMP_DTYPES)}")
+    if name == "fp16" and device.type != "cuda":
+        raise ValueError("--amp_dtype fp16 needs CUDA (its loss scaler is CUDA's); use bf16 or auto on the CPU")
+    if name == "bf16" or (name == "auto" and (device.type != "cuda" or torch.cuda.get_device_capability(device)[0]
+                                              >= 8)):
+        return torch.bfloat16
+    return torch.float16
+
+
+def autocast_context(device: torch.device, enabled: bool,
+                     dtype: torch.dtype | None = None) -> contextlib.AbstractContextManager:
+    """Mixed precision in `dtype`; None: fp16 on CUDA (with a GradScaler), bf16 on CPU (bf16 keeps fp32's range:
+    no scaler)."""
     if not enabled:
         return contextlib.nullcontext()
-    dtype = torch.float16 if device.type == "cuda" else torch.bfloat16
+    if dtype is None:
+        dtype = torch.float16 if device.type == "cuda" else torch.bfloat16
     return torch.autocast(device_type=device.type, dtype=dtype)
 
 
-def make_grad_scaler(device: torch.device, amp: bool) -> torch.amp.GradScaler | None:
+def make_grad_scaler(device: torch.device, amp: bool,
+                     dtype: torch.dtype | None = None) -> torch.amp.GradScaler | None:
     """A loss scaler for fp16 on CUDA; None elsewhere (bf16 and fp32 do not underflow the way fp16 does)."""
-    if amp and device.type == "cuda":
+    if amp and device.type == "cuda" and dtype in (None, torch.float16):
         return torch.amp.GradScaler("cuda")
     return None
 
