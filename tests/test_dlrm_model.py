@@ -27,7 +27,8 @@ def test_default_architecture_is_nvidias() -> None:
     assert bottom == [512, 256, 128] and top == [1024, 1024, 512, 256, 1]
     assert [model.embeddings.table(i).shape for i in range(3)] == [torch.Size([c, 128]) for c in cards]
     assert model.embeddings.weight.shape == (sum(cards), 128)  # one joint table
-    assert model.top_mlp[0].in_features == 128 + 4 * 3 // 2
+    # 128 + 4 * 3 / 2 = 134 interaction columns, zero-padded to 136 as NVIDIA pads (a multiple of 8)
+    assert model.top_mlp[0].in_features == 136 and model.interaction.padding == 2
     assert not isinstance(model.top_mlp[-1], torch.nn.ReLU)  # the output is a raw logit
 
 
@@ -45,6 +46,11 @@ def test_interaction_size_formula(n_cat: int, dim: int, expected: int) -> None:
     interaction = DotInteraction(n_cat, dim)
     out = interaction(torch.randn(5, dim), [torch.randn(5, dim) for _ in range(n_cat)])
     assert out.shape == (5, expected) == (5, interaction.output_size)
+    padded = DotInteraction(n_cat, dim, padded=True)
+    out = padded(torch.randn(5, dim), [torch.randn(5, dim) for _ in range(n_cat)])
+    assert out.shape[1] % 8 == 0 and expected <= out.shape[1] < expected + 8
+    assert interaction_output_size(n_cat, dim, padded=True) == out.shape[1]
+    assert torch.equal(out[:, expected:], torch.zeros(5, out.shape[1] - expected))
 
 
 def test_interaction_holds_bottom_output_then_pairwise_dots_without_diagonal() -> None:

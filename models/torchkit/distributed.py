@@ -180,8 +180,8 @@ AMP_DTYPES = ("auto", "bf16", "fp16")
 def amp_dtype(device: torch.device, name: str = "auto") -> torch.dtype:
     """The autocast type of --amp on `device`. auto: bf16 where the device computes it natively (the CPU; CUDA
     compute capability >= 8: A100, H100, H200), fp16 on older GPUs. bf16 keeps fp32's range, so it needs no loss
-    scaling (measured on an H200 at criteo_f15 size: the fp16 loss scaler and the unscaling of the table rows cost
-    ~27% of a DLRM step; docs/PERFORMANCE-gpu.md)."""
+    scaling (measured on an H200 with the DLRM trainer: the fp16 loss scaler and the unscaling of the table rows
+    cost ~27% of a step; docs/PERFORMANCE-gpu.md)."""
     if name not in AMP_DTYPES:
         raise ValueError(f"amp dtype {name!r}: expected one of {', '.join(AMP_DTYPES)}")
     if name == "fp16" and device.type != "cuda":
