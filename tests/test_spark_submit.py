@@ -56,6 +56,11 @@ def test_local_driver_memory_is_a_setting(monkeypatch: pytest.MonkeyPatch) -> No
     assert conf_of(SparkSubmit("job.py", []).argv())["spark.driver.memory"] == "2g"
     monkeypatch.setenv("RECFLOW_SPARK_DRIVER_MEMORY", "8g")  # ml-20m's preprocess ran out of a 2g heap
     assert conf_of(SparkSubmit("job.py", []).argv())["spark.driver.memory"] == "8g"
+    for typo in ("8 GB", "g8", "0g", ""):
+        monkeypatch.setenv("RECFLOW_SPARK_DRIVER_MEMORY", typo)
+        with pytest.raises(ValueError, match="RECFLOW_SPARK_DRIVER_MEMORY=.* is not a JVM memory size"):
+            SparkSubmit("job.py", []).argv()
+    monkeypatch.setenv("RECFLOW_SPARK_DRIVER_MEMORY", "8g")
     # A cluster's driver memory is the cluster's deployment to size (spark-defaults), not this machine's setting.
     assert "spark.driver.memory" not in conf_of(SparkSubmit("job.py", [], master="spark://h:7077",
                                                             profile="cluster").argv())

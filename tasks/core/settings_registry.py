@@ -198,7 +198,7 @@ declare(
        "downloads it)"),
     _S("RECFLOW_SPARK_DRIVER_HOST", "str", "", "`spark.driver.host` on a cluster: where executors reach the driver",
        default_note="Spark's own choice"),
-    _S("RECFLOW_SPARK_DRIVER_MEMORY", "str", "2g", "`spark.driver.memory` of the local Spark profile (one "
+    _S("RECFLOW_SPARK_DRIVER_MEMORY", "jvm-size", "2g", "`spark.driver.memory` of the local Spark profile (one "
        "machine: the driver runs every task); the largest snapshots need more than 2g (docs/PERFORMANCE-scale.md)"),
     _S("RECFLOW_TASK_RETRIES", "int", "2", "Airflow retries of every task", parse_time=True),
     _S("RECFLOW_RETRY_DELAY_S", "seconds", "30", "first retry delay (doubling, at most 10 min)", parse_time=True),

@@ -147,6 +147,16 @@ def parse_size_mib(text: str, what: str) -> int:
     return {"k": number // 1024, "m": number, "g": number << 10, "t": number << 20}[unit]
 
 
+def jvm_memory(setting: str) -> str:
+    """A declared setting holding a JVM memory size (`2g`, `512m`, `8192`), checked before Spark starts: a typo
+    otherwise surfaces as a JVM start-up failure deep in the task log."""
+    text = value(setting).strip()
+    if not re.fullmatch(r"[1-9][0-9]*[kKmMgGtT]?", text):
+        raise ValueError(f"{setting}={text!r} is not a JVM memory size: write it as a number with an optional k, m, "
+                         "g or t suffix, e.g. 2g or 8192m")
+    return text
+
+
 @dataclass(frozen=True)
 class GpuExecutor:
     """One GPU executor's resources, from which the gpu profile's RAPIDS settings are derived (one executor per
@@ -366,7 +376,7 @@ class SparkSubmit:
             raise ValueError(f"unknown Spark profile {self.profile!r}; expected one of {', '.join(PROFILES)}")
         conf = dict(_LOCAL_CONF if self.profile == "local" else _CLUSTER_CONF)
         if self.profile == "local":
-            conf["spark.driver.memory"] = value("RECFLOW_SPARK_DRIVER_MEMORY")
+            conf["spark.driver.memory"] = jvm_memory("RECFLOW_SPARK_DRIVER_MEMORY")
         if self.profile in GPU_PROFILES:
             conf.update(rapids_conf(self.profile, self.master, self.gpu_executor or GpuExecutor.from_env(),
                                     self.spark_version or installed_spark_version(), self.rapids_jar_path()))
