@@ -19,7 +19,7 @@ import torch
 from tasks.core.launch import torchrun_command
 
 from models.torchkit.checkpoint import CheckpointError, latest_checkpoint, load_checkpoint, save_checkpoint
-from models.torchkit.distributed import (autocast_context, backend_for, make_grad_scaler,
+from models.torchkit.distributed import (amp_dtype, autocast_context, backend_for, make_grad_scaler,
                                        select_device)
 from models.dlrm import evaluate
 from models.dlrm.config import DlrmConfig
@@ -244,13 +244,15 @@ def test_device_selection_on_this_machine() -> None:
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-def test_cuda_amp_training_uses_fp16_and_learns(dataset: Path, tmp_path: Path) -> None:
+def test_cuda_amp_training_learns_in_fp16_and_in_the_devices_default(dataset: Path, tmp_path: Path) -> None:
+    """fp16 with its loss scaler (NVIDIA's choice) and --amp_dtype auto (bf16 on compute capability >= 8)."""
     model = Dlrm(4, [40, 25, 12, 8, 300], bottom_mlp_sizes=(16, 8), top_mlp_sizes=(16, 1)).cuda()
-    with autocast_context(torch.device("cuda"), enabled=True):
+    with autocast_context(torch.device("cuda"), True, amp_dtype(torch.device("cuda"), "fp16")):
         assert model.bottom_mlp[0](torch.randn(2, 4, device="cuda")).dtype == torch.float16
-    args = _args(dataset, tmp_path, "--batch_size", "128", "--epochs", "2")
-    result = main([a if a != "cpu" else "cuda" for a in args] + ["--amp"])
-    assert result.final_metrics["auc"] >= 0.7
+    for dtype in ("fp16", "auto"):
+        args = _args(dataset, tmp_path / dtype, "--batch_size", "128", "--epochs", "2")
+        result = main([a if a != "cpu" else "cuda" for a in args] + ["--amp", "--amp_dtype", dtype])
+        assert result.final_metrics["auc"] >= 0.7, dtype
 
 
 @pytest.mark.gpu
