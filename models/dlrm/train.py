@@ -149,7 +149,8 @@ def _setup(cfg: DlrmConfig, ctx: DistContext) -> _Run:
     log(f"lr schedule over {total_steps} steps: warmup {schedule.warmup_steps}, decay from step "
         f"{schedule.decay_start_step} over {schedule.decay_steps} (scaling: {cfg.schedule_scaling})")
     return _Run(cfg=cfg, ctx=ctx, log=log, core=core, optimizer=optimizer,
-                scheduler=make_scheduler(optimizer, cfg, total_steps), scaler=make_grad_scaler(ctx.device, cfg.amp, dtype), amp_dtype=dtype,
+                scheduler=make_scheduler(optimizer, cfg, total_steps),
+                scaler=make_grad_scaler(ctx.device, cfg.amp, dtype), amp_dtype=dtype,
                 train_data=train_data, test_data=test_data, out=Path(cfg.output_dir),
                 steps_per_epoch=steps_per_epoch, total_steps=total_steps, seconds={"build_model": build_seconds})
 
