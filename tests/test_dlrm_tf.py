@@ -107,6 +107,8 @@ def test_config_takes_the_pytorch_trainers_flags_and_ignores_pytorch_only_ones()
     assert (cfg.batch_size, cfg.lr, cfg.bottom_mlp_sizes, cfg.device) == (4096, 1.0, (512, 256, 128), "cpu")
     assert cfg.resolved_precision(on_gpu=False) == "bf16" and cfg.resolved_precision(on_gpu=True) == "fp16"
     assert set(cfg.ignored_settings()) == {"sharding"}
+    assert parse_args([*flags, "--amp_dtype", "bf16"]).resolved_precision(on_gpu=True) == "bf16"
+    assert set(parse_args([*flags, "--compile", "off"]).ignored_settings()) == {"sharding", "compile"}
     defaults = DlrmTfConfig()  # NVIDIA's recipe, as the PyTorch trainer's
     assert (defaults.batch_size, defaults.lr, defaults.warmup_steps, defaults.top_mlp_sizes) == (
         65536, 24.0, 8000, (1024, 1024, 512, 256, 1))

@@ -26,6 +26,9 @@ PYTORCH_ONLY = {
     "shuffle_batch_order": "the tf.data reader streams batches in file order, as NVIDIA's TfRawBinaryDataset does",
     "drop_last_train_batch": "training always drops the short last batch (NVIDIA's TF2 reader does too)",
     "sharding": "TorchRec table sharding; the TF2 DLRM is data parallel with host-memory tables (docs/dlrm_tf.md)",
+    "compile": "torch.compile of the dense layers; TF compiles its step with --xla",
+    "cuda_graphs": "torch.compile's CUDA graphs; TF compiles its step with --xla",
+    "dense_table_limit_mb": "the refusal of dense NCCL table gradients; the TF2 DLRM keeps big tables on the host",
 }
 # NVIDIA TF2 --cpu_offloading_threshold_gb default: 75 GB of embedding tables per worker before offloading.
 HOST_TABLE_THRESHOLD_BYTES = 75 * 10**9
@@ -62,11 +65,15 @@ class DlrmTfConfig(DlrmConfig):
         return resolve_schedule(self, total_steps)
 
     def resolved_precision(self, on_gpu: bool) -> str:
-        """The Keras precision this run trains in: an explicit --precision, else --amp's meaning on this device."""
+        """The Keras precision this run trains in: an explicit --precision, else --amp in an explicit --amp_dtype,
+        else --amp's TF meaning on this device: bf16 on CPU, fp16 on GPU (NVIDIA's TF2 choice; unlike the PyTorch
+        trainer's auto, bf16 on recent GPUs is not measured for TF here)."""
         if self.precision != "auto":
             return self.precision
         if not self.amp:
             return "fp32"
+        if self.amp_dtype != "auto":
+            return self.amp_dtype
         return "fp16" if on_gpu else "bf16"
 
     def ignored_settings(self) -> dict[str, str]:
