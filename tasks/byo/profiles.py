@@ -31,7 +31,8 @@ KNOBS: dict[str, Knob] = {
                                    "Checkpoint interval in steps; a retried train task resumes from the last one."),
     "log_every_steps": Knob({"type": "integer", "minimum": 1}, "Progress line interval in steps."),
     "seed": Knob({"type": "integer", "minimum": 0}, "Seed for weights and batch order."),
-    "amp": Knob({"type": "boolean"}, "Mixed precision: fp16 on CUDA, bf16 autocast on CPU."),
+    "amp": Knob({"type": "boolean"}, "Mixed precision: bf16 on the CPU and on GPUs of compute capability >= 8 "
+                                     "(A100, H100), fp16 with loss scaling on older GPUs."),
     "min_auc": Knob({"type": "number", "minimum": 0, "maximum": 1}, "Publish only if test AUC reaches this.",
                      release="min"),
     "max_regression": Knob({"type": "number", "minimum": 0, "maximum": 1},

@@ -48,7 +48,8 @@ KNOBS: dict[str, Knob] = {
                                    "(0 = only at the end)."),
     "log_every_steps": Knob({"type": "integer", "minimum": 1}, "Progress line interval in steps."),
     "seed": Knob({"type": "integer", "minimum": 0}, "Seed for weights and batch order."),
-    "amp": Knob({"type": "boolean"}, "Mixed precision: fp16 on CUDA, bf16 autocast on CPU."),
+    "amp": Knob({"type": "boolean"}, "Mixed precision: bf16 on the CPU and on GPUs of compute capability >= 8 "
+                                     "(A100, H100), fp16 with loss scaling on older GPUs."),
     "sharding": Knob({"type": "string", "enum": ["data_parallel", "table_wise", "column_wise", "auto", "row_wise"]},
                      "Embedding tables: data_parallel (every process holds all), or split across the training "
                      "processes by TorchRec: table_wise, column_wise, auto (TorchRec's planner picks), row_wise "
