@@ -10,7 +10,8 @@ import pytest
 
 from models.dlrm.config import DlrmConfig
 from tasks.core.config import Settings
-from tasks.core.profiles import Knob, ProfileError, check_profiles, resolve_knobs
+from tasks.byo import profiles as byo
+from tasks.core.profiles import Knob, ProfileError, check_profiles, layer_sizes, resolve_knobs
 from tasks.core.storage import Manifest, write_manifest
 from tasks.criteo import layout
 from tasks.criteo.dlrm import model_config, resolve_run
@@ -65,6 +66,14 @@ def test_full_profile_is_nvidias_recipe_and_the_trainers_defaults():
         assert getattr(defaults, name) == full[name], name
     fields = {f.name for f in dataclasses.fields(DlrmConfig)}
     assert set(MODEL_KNOBS) <= fields
+    assert (layer_sizes(full["bottom_mlp"]), layer_sizes(full["top_mlp"])) == (
+        list(defaults.bottom_mlp_sizes), list(defaults.top_mlp_sizes))
+    # byo_dlrm shows the same DLRM knobs (less TorchRec's sharding) with the same full-size values: one home.
+    assert byo.KNOBS == {name: knob for name, knob in KNOBS.items() if name in byo.KNOBS}
+    assert set(KNOBS) - set(byo.KNOBS) == {"window_days", "frequency_threshold", "threshold_overrides",
+                                           "dictionary_days", "sharding"}
+    assert byo.MODEL_KNOBS == tuple(name for name in MODEL_KNOBS if name != "sharding")
+    assert all(byo.PROFILES["full"][name] == full[name] for name in (*byo.MODEL_KNOBS, "bottom_mlp", "top_mlp"))
 
 
 def test_params_override_single_knobs_and_empty_means_the_profile():

@@ -1,0 +1,78 @@
+"""The DLRM knobs of every DLRM pipeline's form, and NVIDIA's recipe as their full-size values: one home (#25).
+
+Each DLRM pipeline (its profiles.py) puts its own knobs first (windows, thresholds, ...), then these, then its
+release thresholds. The model knobs map one-to-one onto models.dlrm.config.DlrmConfig fields of the same name
+(`model_knobs`); the MLP widths are comma-separated text in the form, parsed by `profiles.dlrm_model_config`.
+`NVIDIA_RECIPE` is NVIDIA DeepLearningExamples' PyTorch DLRM recipe for the 1TB click logs (batch 65536, plain SGD
+lr 24, warmup 8000, polynomial decay from 48000 over 24000 steps, one epoch), with the schedule scaled to the run's
+own step count (models/dlrm/config.py): a pipeline's `full` profile starts from it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tasks.core.profiles import Knob
+
+_MLP = {"type": "string", "pattern": r"^\d{1,5}(,\d{1,5}){0,7}$"}
+SHARDINGS = ["data_parallel", "table_wise", "column_wise", "auto", "row_wise"]
+
+_KNOBS: dict[str, Knob] = {
+    "bottom_mlp": Knob(_MLP, "Bottom MLP widths; the last one is the embedding dimension."),
+    "top_mlp": Knob(_MLP, "Top MLP widths; must end in 1."),
+    "batch_size": Knob({"type": "integer", "minimum": 1, "maximum": 1 << 20},
+                       "Global training batch, split across processes."),
+    "lr": Knob({"type": "number", "exclusiveMinimum": 0, "maximum": 1000}, "Base SGD learning rate."),
+    "epochs": Knob({"type": "integer", "minimum": 1, "maximum": 100}, "Passes over the training data."),
+    "warmup_steps": Knob({"type": "integer", "minimum": 0},
+                         "Linear warmup steps (positions scale to the run's step count: see schedule_scaling)."),
+    "decay_start_step": Knob({"type": "integer", "minimum": 0}, "Step where polynomial decay starts."),
+    "decay_steps": Knob({"type": "integer", "minimum": 0}, "Steps of polynomial decay (0 = none)."),
+    "schedule_scaling": Knob({"type": "string", "enum": ["run", "fixed"]},
+                             "run: warmup/decay positions are scaled to the run's step count, so the learning rate "
+                             "reaches 0 only at the last step; fixed: steps as written (refused if the rate would "
+                             "reach 0 earlier)."),
+    "limit_train_batches": Knob({"type": "integer", "minimum": 1},
+                                "Stop each epoch after this many steps (0/empty in the profile = whole epoch)."),
+    "checkpoint_every_steps": Knob({"type": "integer", "minimum": 0},
+                                   "Checkpoint interval in steps; a retried train task resumes from the last one "
+                                   "(0 = only at the end)."),
+    "log_every_steps": Knob({"type": "integer", "minimum": 1}, "Progress line interval in steps."),
+    "seed": Knob({"type": "integer", "minimum": 0}, "Seed for weights and batch order."),
+    "amp": Knob({"type": "boolean"}, "Mixed precision: bf16 on the CPU and on GPUs of compute capability >= 8 "
+                                     "(A100, H100), fp16 with loss scaling on older GPUs."),
+    "sharding": Knob({"type": "string", "enum": SHARDINGS},
+                     "Embedding tables: data_parallel (every process holds all), or split across the training "
+                     "processes by TorchRec: table_wise, column_wise, auto (TorchRec's planner picks), row_wise "
+                     "(CUDA only). The MLPs stay data parallel."),
+}
+
+RELEASE_KNOBS: dict[str, Knob] = {
+    "min_auc": Knob({"type": "number", "minimum": 0, "maximum": 1}, "Publish only if test AUC reaches this.",
+                     release="min"),
+    "max_regression": Knob({"type": "number", "minimum": 0, "maximum": 1},
+                           "Publish only if AUC is at most this much below the published model.",
+                           release="max"),
+}
+
+NVIDIA_RECIPE: dict[str, Any] = {
+    "bottom_mlp": "512,256,128", "top_mlp": "1024,1024,512,256,1", "batch_size": 65536, "lr": 24.0, "epochs": 1,
+    "warmup_steps": 8000, "decay_start_step": 48000, "decay_steps": 24000, "schedule_scaling": "run",
+    "limit_train_batches": None, "checkpoint_every_steps": 1000, "log_every_steps": 100, "seed": 12345,
+    "amp": False, "sharding": "data_parallel",
+}
+
+
+def dlrm_knobs(sharding: bool = True) -> dict[str, Knob]:
+    """The DLRM form knobs, in form order; sharding=False leaves out TorchRec's table sharding."""
+    return {name: knob for name, knob in _KNOBS.items() if sharding or name != "sharding"}
+
+
+def model_knobs(sharding: bool = True) -> tuple[str, ...]:
+    """The knobs handed to the trainer as DlrmConfig fields of the same name (the MLP widths go parsed, apart)."""
+    return tuple(name for name in dlrm_knobs(sharding) if name not in ("bottom_mlp", "top_mlp"))
+
+
+def nvidia_recipe(sharding: bool = True) -> dict[str, Any]:
+    """NVIDIA_RECIPE's values for `dlrm_knobs(sharding)`."""
+    return {name: NVIDIA_RECIPE[name] for name in dlrm_knobs(sharding)}
