@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import inspect
+import importlib
 import json
 import logging
 import os
@@ -49,6 +49,7 @@ from typing import Any
 
 from tasks.core.config import Settings
 from tasks.core.settings_registry import read
+from tasks.pipelines import COMMANDS
 
 log = logging.getLogger("recflow.cli")
 
@@ -61,15 +62,7 @@ EXPECTED_ERRORS: tuple[tuple[str, str], ...] = (
     ("tasks.core.storage", "PartitionLockTimeout"),
     ("tasks.core.spark_submit", "SparkJobFailed"),  # the job's own output, above the error line, says why
     ("tasks.release.runs", "SnapshotMissing"),
-    ("tasks.criteo.ingest", "StepInputMissing"),
-    ("tasks.movielens.ingest", "StepInputMissing"),
-    ("tasks.outbrain.ingest", "StepInputMissing"),
-    ("tasks.outbrain.features", "StepInputMissing"),
-    ("tasks.byo.pipeline", "StepInputMissing"),
-)
-# tasks.criteo.settings.DAY_STATS_ENGINES where that exists; the option is passed on only when given, so the command
-# line also works with a day_stats that has no engine argument.
-DAY_STATS_ENGINES = ("arrow", "spark")
+)  # plus each pipeline's own (its command module's EXPECTED_ERRORS)
 
 
 @dataclass
@@ -108,17 +101,6 @@ class Steps:
 
 
 # ---- argument types --------------------------------------------------------------------------------------------
-
-def day_list(text: str) -> list[int]:
-    """'3' -> [3]; '0-2,5' -> [0, 1, 2, 5]: the criteo_dlrm train_days param's syntax (tasks.criteo.dlrm)."""
-    from tasks.criteo.window import parse_days
-
-    try:
-        return parse_days(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r}: expected a day (3), a range (0-23) or a list (0-1,5), "
-                                         "ranges ascending") from None
-
 
 def fraction(text: str) -> float:
     try:
@@ -161,7 +143,7 @@ def _global_options(parser: argparse.ArgumentParser, *, defaults: bool) -> None:
                           help="warnings and errors only")
 
 
-def _spark_options(parser: argparse.ArgumentParser) -> None:
+def spark_options(parser: argparse.ArgumentParser) -> None:
     from tasks.core.spark_submit import PROFILES
 
     parser.add_argument("--spark-master", default="local[*]",
@@ -170,7 +152,7 @@ def _spark_options(parser: argparse.ArgumentParser) -> None:
                         help="Spark conf profile (default: RECFLOW_SPARK_PROFILE, else local)")
 
 
-def _source_options(parser: argparse.ArgumentParser, what: str) -> None:
+def source_options(parser: argparse.ArgumentParser, what: str) -> None:
     parser.add_argument("--source", default=None, metavar="URL",
                         help=f"{what} (file://, http(s)://, s3://); default: the configured source")
     parser.add_argument("--bad-row-budget", type=fraction, default=None,
@@ -179,13 +161,14 @@ def _source_options(parser: argparse.ArgumentParser, what: str) -> None:
                         help="Airflow connection with S3 credentials (default: boto3's own chain)")
 
 
-def _profile_option(parser: argparse.ArgumentParser, profiles: Mapping[str, Any]) -> None:
+def profile_option(parser: argparse.ArgumentParser, profiles: Mapping[str, Any]) -> None:
     parser.add_argument("--profile", choices=sorted(profiles), default=None,
                         help="knob profile (default: RECFLOW_PROFILE, else full); the options below override it")
 
 
-def _commands(pipelines: argparse._SubParsersAction, pipeline: str, commands: dict[str, tuple[Callable, str]]
-             ) -> dict[str, argparse.ArgumentParser]:
+def pipeline_commands(pipelines: argparse._SubParsersAction, pipeline: str,
+                      commands: dict[str, tuple[Callable, str]]) -> dict[str, argparse.ArgumentParser]:
+    """A pipeline's sub-command parsers: {command: parser}, each running its handler(args, settings, steps)."""
     parser = pipelines.add_parser(pipeline, help=f"{pipeline} steps")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     made = {}
@@ -196,356 +179,6 @@ def _commands(pipelines: argparse._SubParsersAction, pipeline: str, commands: di
     return made
 
 
-# ---- criteo -------------------------------------------------------------------------------------------------------
-
-def criteo_demo_data(args: argparse.Namespace, settings: Settings, steps: Steps) -> None:
-    from tasks.criteo import layout
-    from tasks.criteo.synthetic import ensure_days
-
-    out = args.out or layout.source_dir(settings.data_root)
-    steps.run("write_days", lambda: {"path": str(ensure_days(out, args.days, args.rows, args.seed)),
-                                     "days": args.days, "rows": args.rows, "seed": args.seed})
-
-
-def criteo_ingest(args: argparse.Namespace, settings: Settings, steps: Steps) -> None:
-    from tasks.criteo.ingest import day_stats, day_stats_engine
-
-    days = [args.day] if args.day is not None else args.days
-    if args.source and len(days) > 1 and "{day}" not in args.source:
-        raise ValueError(f"--source {args.source!r} names one file but {len(days)} days are ingested: "
-                         "put {day} where the day number goes")
-    if args.expected_sha256 and len(days) > 1:
-        raise ValueError("--expected-sha256 checks one file: ingest one day with it")
-    if args.day_stats_engine is not None and not _engine_kwargs(args, day_stats):
-        raise ValueError("--day-stats-engine: this version's day_stats has no engine choice (it always runs Spark)")
-    # One choice for every day (logged once, with its reason): each worker gets it as an explicit engine.
-    engine = day_stats_engine(args.day_stats_engine, args.spark_master, settings.spark_profile)
-    args = argparse.Namespace(**{**vars(args), "day_stats_engine": engine})
-    jobs = min(args.jobs, len(days))
-    if jobs <= 1:
-        for day in days:
-            _ingest_day(args, settings, day, steps)
-        return
-    # Days in parallel, each in its own thread of this process (a day's steps stay in order; days are independent,
-    # as the DAG's runs are). Threads, not processes: a day's work is pyarrow's parse and numpy's checks, which
-    # release the GIL, so N days keep N cores busy; what does not is Great Expectations, whose import (~4-6 s of
-    # CPU, issue #27) a process per worker paid once each and the threads pay once, and the process start-ups (an
-    # interpreter + pyarrow + pandas each). A Spark day_stats step runs in the command's own thread, one day at a time, as each
-    # day's validation finishes: a local Spark JVM takes every core itself, so N of them at once would fight over
-    # the cores (issue #27).
-    from concurrent.futures import ThreadPoolExecutor
-
-    spark_here = engine == "spark"
-    log.info("ingesting %d days in %d threads%s", len(days), jobs,
-             "; day_stats by Spark one day at a time in the main thread" if spark_here else "")
-    with ThreadPoolExecutor(jobs, thread_name_prefix="ingest-day") as pool:
-        futures = [pool.submit(_ingest_day_records, args, settings, day, not spark_here) for day in days]
-        failed = None
-        for day, future in zip(days, futures):  # in day order: the report lists each day's steps together
-            try:
-                steps.records += future.result()
-                if spark_here and failed is None:
-                    _day_stats_step(args, settings, day, steps)
-            except Exception as error:  # the day's records travel on the error (see _ingest_day_records)
-                steps.records += getattr(error, "recflow_records", [])
-                failed = failed or error
-                for other in futures:
-                    other.cancel()
-        if failed is not None:
-            raise failed
-
-
-def _engine_kwargs(args: argparse.Namespace, step: Callable[..., Any]) -> dict[str, str]:
-    """--day-stats-engine for a step that takes one (validate_day writes the stats with the arrow engine)."""
-    takes = args.day_stats_engine is not None and "engine" in inspect.signature(step).parameters
-    return {"engine": args.day_stats_engine} if takes else {}
-
-
-def _ingest_day(args: argparse.Namespace, settings: Settings, day: int, steps: Steps,
-                with_day_stats: bool = True) -> None:
-    from tasks.criteo.ingest import download_day, validate_day
-
-    source = args.source.replace("{day}", str(day)) if args.source else None
-    steps.run("download_day", download_day, settings, day, source=source,
-              expected_sha256=args.expected_sha256, aws_conn_id=args.aws_conn_id, label=f"day {day}")
-    steps.run("validate_day", validate_day, settings, day, bad_row_budget=args.bad_row_budget,
-              label=f"day {day}", **_engine_kwargs(args, validate_day))
-    if with_day_stats:
-        _day_stats_step(args, settings, day, steps)
-
-
-def _day_stats_step(args: argparse.Namespace, settings: Settings, day: int, steps: Steps) -> None:
-    from tasks.criteo.ingest import day_stats
-
-    steps.run("day_stats", day_stats, settings, day, spark_master=args.spark_master, label=f"day {day}",
-              **_engine_kwargs(args, day_stats))
-
-
-def _ingest_day_records(args: argparse.Namespace, settings: Settings, day: int,
-                        with_day_stats: bool = True) -> list[StepRecord]:
-    """One day's steps in a worker thread; its step records, also attached to an error."""
-    steps = Steps()
-    try:
-        _ingest_day(args, settings, day, steps, with_day_stats)
-    except Exception as error:
-        error.recflow_records = steps.records
-        raise
-    return steps.records
-
-
-def criteo_preprocess(args: argparse.Namespace, settings: Settings, steps: Steps) -> None:
-    from tasks.criteo import dlrm, preprocess
-    from tasks.criteo.contract import parse_threshold_overrides
-    from tasks.criteo.retrain import days_text
-
-    params = {"profile": args.profile, "test_day": args.test_day,
-              "train_days": ",".join(map(str, args.train_days)) if args.train_days else None,
-              "frequency_threshold": args.frequency_threshold, "threshold_overrides": args.threshold_overrides,
-              "dictionary_days": args.dictionary_days, "seed": args.seed}
-    run = steps.run("resolve_run", dlrm.resolve_run, settings, {**params, "engine": args.engine},
-                    spark_master=args.spark_master)
-    engine = {"engine": run["engine"]}  # resolve_run's choice (asked for, else the setting, else by Spark master)
-    knobs, train_days, test_day = run["knobs"], run["train_days"], run["test_day"]
-    if args.out:
-        paths = dlrm.RunPaths(args.out.expanduser().resolve())
-    else:
-        paths = dlrm.run_paths(settings, args.run_id or f"cli__test_{test_day}__train_{days_text(train_days)}")
-    steps.run("build_dictionary", preprocess.build_dictionary, settings, paths.dictionary, train_days, test_day,
-              frequency_threshold=knobs["frequency_threshold"],
-              threshold_overrides=parse_threshold_overrides(knobs["threshold_overrides"]),
-              dictionary_days=knobs["dictionary_days"], spark_master=args.spark_master, **engine)
-    steps.run("transform_dataset", preprocess.transform_dataset, settings, paths.dataset, paths.dictionary,
-              train_days, test_day, seed=knobs["seed"], spark_master=args.spark_master, **engine)
-    steps.run("validate_dataset", preprocess.validate_dataset, paths.dataset)
-
-
-def add_criteo_commands(pipelines: argparse._SubParsersAction) -> None:
-    from tasks.criteo.profiles import PROFILES
-
-    commands = _commands(pipelines, "criteo", {
-        "demo-data": (criteo_demo_data, "write synthetic Criteo day files (default: into the source folder)"),
-        "ingest": (criteo_ingest, "download, validate and compute day stats of Criteo days"),
-        "preprocess": (criteo_preprocess, "dictionary, transform and validation of a train/test window"),
-    })
-    p = commands["demo-data"]
-    p.add_argument("--days", type=day_list, default=[0, 1, 2], help="days to write (default 0-2)")
-    p.add_argument("--rows", type=positive, default=100_000, help="rows per day (default 100000)")
-    p.add_argument("--seed", type=non_negative, default=1234)
-    p.add_argument("--out", type=Path, default=None, metavar="DIR", help="folder (default: <data root>/criteo/source)")
-    p = commands["ingest"]
-    which = p.add_mutually_exclusive_group(required=True)
-    which.add_argument("--day", type=non_negative, help="one day")
-    which.add_argument("--days", type=day_list, help="days: a range (0-23) or a list (0-1,5)")
-    _source_options(p, "source of the day file, {day} replaced by the day")
-    p.add_argument("--expected-sha256", default=None, help="checksum of the source file (one day only)")
-    p.add_argument("--day-stats-engine", choices=DAY_STATS_ENGINES, default=None,
-                   help="how day stats are computed (default: RECFLOW_CRITEO_DAY_STATS_ENGINE, else arrow with a "
-                        "local --spark-master, spark with a cluster one; arrow: in validation's pass; spark: a "
-                        "spark-submit per day, one at a time with --jobs)")
-    p.add_argument("--jobs", type=positive, default=1,
-                   help="days ingested at once, each in its own thread (default 1; the machine's cores is the "
-                        "useful most)")
-    _spark_options(p)
-    p = commands["preprocess"]
-    p.add_argument("--test-day", type=non_negative, required=True, help="the held-out day (test + validation)")
-    p.add_argument("--train-days", type=day_list, default=None,
-                   help="train days, e.g. 0-22 or 0-3,5 (default: the profile's window_days days before the test day)")
-    where = p.add_mutually_exclusive_group()
-    where.add_argument("--out", type=Path, default=None, metavar="DIR",
-                       help="output folder: DIR/dictionary and DIR/dataset (default: "
-                            "<data root>/runs/criteo_dlrm/cli__test_<T>__train_<days>)")
-    where.add_argument("--run-id", default=None,
-                       help="write into this criteo_dlrm run's folder, <data root>/runs/criteo_dlrm/<run id>")
-    _profile_option(p, PROFILES)
-    p.add_argument("--frequency-threshold", type=non_negative, default=None)
-    p.add_argument("--threshold-overrides", default=None, help="per-column thresholds, e.g. cat_3:2,cat_7:0")
-    p.add_argument("--dictionary-days", choices=("train", "all"), default=None)
-    p.add_argument("--seed", type=non_negative, default=None, help="seed of the train rows' shuffle")
-    p.add_argument("--engine", choices=("spark", "arrow", "nvtabular"), default=None,
-                   help="who builds the dictionary and the dataset (default: RECFLOW_CRITEO_PREPROCESS_ENGINE, else "
-                        "arrow with a local --spark-master and Spark profile, spark with a cluster one; arrow: "
-                        "pyarrow + numpy in this process; nvtabular: NVIDIA's NVTabular workflow in "
-                        ".venv-nvtabular, `make nvt-env`; same output)")
-    _spark_options(p)
-
-
-# ---- movielens ------------------------------------------------------------------------------------------------
-
-def movielens_demo_data(args: argparse.Namespace, settings: Settings, steps: Steps) -> None:
-    from tasks.movielens import layout
-    from tasks.movielens.settings import load_movielens_settings
-    from tasks.movielens.synthetic import ensure_archive
-
-    name = args.dataset or load_movielens_settings().dataset
-    out = args.out or layout.source_dir(settings.data_root)
-    steps.run("write_archive", lambda: {"path": str(ensure_archive(
-        out, name, users=args.users, items=args.items, ratings_per_user=args.ratings_per_user, seed=args.seed))})
-
-
-def movielens_ingest(args: argparse.Namespace, settings: Settings, steps: Steps) -> None:
-    from tasks.movielens.ingest import download_snapshot, validate_snapshot
-    from tasks.movielens.settings import load_movielens_settings
-
-    name = args.dataset or load_movielens_settings().dataset
-    steps.run("download_snapshot", download_snapshot, settings, name, source=args.source,
-              aws_conn_id=args.aws_conn_id, label=name)
-    steps.run("validate_snapshot", validate_snapshot, settings, name, bad_row_budget=args.bad_row_budget,
-              label=name)
-
-
-def movielens_preprocess(args: argparse.Namespace, settings: Settings, steps: Steps) -> None:
-    from tasks.movielens import ncf
-
-    params = {"profile": args.profile, "dataset": args.dataset, "min_ratings": args.min_ratings,
-              "test_negatives": args.test_negatives, "seed": args.seed}
-    run = steps.run("resolve_run", ncf.resolve_run, settings, params)
-    steps.run("preprocess", ncf.preprocess, settings, run, spark_master=args.spark_master)
-    steps.run("validate_dataset", ncf.validate_dataset, settings, run)
-
-
-def add_movielens_commands(pipelines: argparse._SubParsersAction) -> None:
-    from tasks.movielens.profiles import PROFILES
-    from tasks.movielens.schema import DATASETS
-
-    commands = _commands(pipelines, "movielens", {
-        "demo-data": (movielens_demo_data, "write a synthetic MovieLens archive (default: into the source folder)"),
-        "ingest": (movielens_ingest, "download and validate a MovieLens snapshot"),
-        "preprocess": (movielens_preprocess, "NCF leave-one-out dataset of a validated snapshot, and its check"),
-    })
-    for p in commands.values():
-        p.add_argument("--dataset", choices=DATASETS, default=None,
-                       help="snapshot (default: RECFLOW_MOVIELENS_DATASET, else ml-20m)")
-    p = commands["demo-data"]
-    p.add_argument("--users", type=positive, default=3000)
-    p.add_argument("--items", type=positive, default=1000)
-    p.add_argument("--ratings-per-user", type=positive, default=40)
-    p.add_argument("--seed", type=non_negative, default=7)
-    p.add_argument("--out", type=Path, default=None, metavar="DIR",
-                   help="folder (default: <data root>/movielens/source)")
-    _source_options(commands["ingest"], "URL of the archive, {name} replaced by the snapshot")
-    p = commands["preprocess"]
-    _profile_option(p, PROFILES)
-    p.add_argument("--min-ratings", type=non_negative, default=None)
-    p.add_argument("--test-negatives", type=positive, default=None)
-    p.add_argument("--seed", type=non_negative, default=None)
-    _spark_options(p)
-
-
-# ---- outbrain -------------------------------------------------------------------------------------------------
-
-def outbrain_demo_data(args: argparse.Namespace, settings: Settings, steps: Steps) -> None:
-    from tasks.outbrain import layout
-    from tasks.outbrain.synthetic import write_snapshot
-
-    out = args.out or layout.source_dir(settings.data_root)
-    steps.run("write_snapshot", write_snapshot, out, displays=args.displays, seed=args.seed)
-
-
-def outbrain_ingest(args: argparse.Namespace, settings: Settings, steps: Steps) -> None:
-    from tasks.outbrain.ingest import download_snapshot, validate_snapshot
-    from tasks.outbrain.settings import load_outbrain_settings
-
-    name = args.snapshot or load_outbrain_settings().snapshot
-    steps.run("download_snapshot", download_snapshot, settings, name, source=args.source,
-              aws_conn_id=args.aws_conn_id, label=name)
-    steps.run("validate_snapshot", validate_snapshot, settings, name, bad_row_budget=args.bad_row_budget,
-              label=name)
-
-
-def outbrain_features(args: argparse.Namespace, settings: Settings, steps: Steps) -> None:
-    from tasks.outbrain import wide_deep
-
-    params = {"profile": args.profile, "snapshot": args.snapshot, "split_seed": args.split_seed,
-              "prebatch_size": args.prebatch_size, "tfrecord_shards": args.tfrecord_shards,
-              "engine": args.engine}
-    run = steps.run("resolve_run", wide_deep.resolve_run, settings, params)
-    steps.run("build_features", wide_deep.build_features, settings, run, spark_master=args.spark_master)
-    steps.run("validate_dataset", wide_deep.validate_dataset, settings, run)
-
-
-def add_outbrain_commands(pipelines: argparse._SubParsersAction) -> None:
-    from tasks.outbrain.profiles import PROFILES
-
-    commands = _commands(pipelines, "outbrain", {
-        "demo-data": (outbrain_demo_data, "write a synthetic Outbrain snapshot (default: into the source folder)"),
-        "ingest": (outbrain_ingest, "download and validate an Outbrain snapshot"),
-        "features": (outbrain_features, "Wide & Deep features (parquet + TFRecords) of a validated snapshot"),
-    })
-    p = commands["demo-data"]
-    p.add_argument("--displays", type=positive, default=20_000)
-    p.add_argument("--seed", type=non_negative, default=11)
-    p.add_argument("--out", type=Path, default=None, metavar="DIR",
-                   help="folder (default: <data root>/outbrain/source)")
-    for name in ("ingest", "features"):
-        commands[name].add_argument("--snapshot", default=None,
-                                    help="snapshot name (default: RECFLOW_OUTBRAIN_SNAPSHOT, else kaggle)")
-    _source_options(commands["ingest"], "URL template of the files, with {file}")
-    p = commands["features"]
-    _profile_option(p, PROFILES)
-    p.add_argument("--split-seed", type=non_negative, default=None)
-    p.add_argument("--prebatch-size", type=positive, default=None)
-    p.add_argument("--tfrecord-shards", type=positive, default=None)
-    p.add_argument("--engine", choices=("spark", "nvtabular"), default=None,
-                   help="features engine (default: RECFLOW_OUTBRAIN_FEATURES_ENGINE, else spark; nvtabular: NVIDIA's "
-                        "NVTabular workflow in .venv-nvtabular)")
-    _spark_options(p)
-
-
-# ---- byo ------------------------------------------------------------------------------------------------------------
-
-def byo_demo_data(args: argparse.Namespace, settings: Settings, steps: Steps) -> None:
-    from tasks.byo.demo import source_dir, write_demo_source
-
-    out = args.out or source_dir(settings.data_root)
-    steps.run("write_source", lambda: {"spec": str(write_demo_source(out, args.train_rows, args.test_rows,
-                                                                     args.seed))})
-
-
-def byo_transcode(args: argparse.Namespace, settings: Settings, steps: Steps) -> None:
-    from tasks.byo import pipeline
-
-    params = {"profile": args.profile, "spec_uri": args.spec_uri, "data_uri": args.data_uri}
-    run = steps.run("resolve_run", pipeline.resolve_run, settings, params)
-    run_id = args.run_id or "cli__transcode"
-    fetched = steps.run("fetch", pipeline.fetch_sources, settings, run_id, run, aws_conn_id=args.aws_conn_id)
-    steps.run("validate", pipeline.validate, settings, run_id, fetched)
-    steps.run("transcode", pipeline.transcode, settings, run_id, spark_master=args.spark_master,
-              spark_profile=args.spark_profile, engine=args.engine)
-    steps.run("validate_dataset", pipeline.validate_dataset, pipeline.run_paths(settings, run_id).dataset)
-
-
-def add_byo_commands(pipelines: argparse._SubParsersAction) -> None:
-    from tasks.byo.pipeline import SPEC_URI_ENV, TRANSCODE_ENGINES
-    from tasks.byo.profiles import PROFILES
-
-    commands = _commands(pipelines, "byo", {
-        "demo-data": (byo_demo_data, "write a CSV FeatureSpec and generated CSV files (default: into the source "
-                                     "folder)"),
-        "transcode": (byo_transcode, "fetch, validate and transcode a CSV FeatureSpec's files to split-binary, and "
-                                     "check the dataset"),
-    })
-    p = commands["demo-data"]
-    p.add_argument("--train-rows", type=positive, default=40_000)
-    p.add_argument("--test-rows", type=positive, default=10_000)
-    p.add_argument("--seed", type=non_negative, default=3)
-    p.add_argument("--out", type=Path, default=None, metavar="DIR", help="folder (default: <data root>/byo/source)")
-    p = commands["transcode"]
-    p.add_argument("--spec-uri", default=None, metavar="URI",
-                   help=f"the CSV FeatureSpec yaml: file://, http(s):// or s3:// (default: {SPEC_URI_ENV})")
-    p.add_argument("--data-uri", default=None, metavar="URI",
-                   help="folder the spec's relative file paths are resolved against (default: the spec's own)")
-    p.add_argument("--run-id", default=None,
-                   help="write into this byo_dlrm run's folder, <data root>/runs/byo_dlrm/<run id> "
-                        "(default: cli__transcode)")
-    p.add_argument("--aws-conn-id", default=None,
-                   help="Airflow connection with S3 credentials (default: boto3's own chain)")
-    p.add_argument("--engine", choices=TRANSCODE_ENGINES, default=None,
-                   help="arrow: in this process; spark: spark-submit (default: RECFLOW_BYO_TRANSCODE_ENGINE, else "
-                        "arrow with a local --spark-master, spark with a cluster one; same bytes)")
-    _profile_option(p, PROFILES)
-    _spark_options(p)
-
-
 # ---- the command line ---------------------------------------------------------------------------------------------
 
 def build_parser() -> argparse.ArgumentParser:
@@ -554,8 +187,8 @@ def build_parser() -> argparse.ArgumentParser:
                                             "'recflow settings' lists the deployment's RECFLOW_* settings.")
     _global_options(parser, defaults=True)
     pipelines = parser.add_subparsers(dest="pipeline", required=True, metavar="PIPELINE")
-    for add_commands in (add_criteo_commands, add_movielens_commands, add_outbrain_commands, add_byo_commands):
-        add_commands(pipelines)
+    for module in COMMANDS.values():  # each pipeline's commands, from its dataset package (tasks/pipelines.py)
+        importlib.import_module(module).add_commands(pipelines)
     return parser
 
 
@@ -606,7 +239,9 @@ def one_line(error: BaseException) -> str:
 
 
 def is_expected(error: BaseException) -> bool:
-    kinds = tuple(getattr(sys.modules[module], name) for module, name in EXPECTED_ERRORS if module in sys.modules)
+    known = [*EXPECTED_ERRORS, *(pair for module in COMMANDS.values() if module in sys.modules
+                                 for pair in sys.modules[module].EXPECTED_ERRORS)]
+    kinds = tuple(getattr(sys.modules[module], name) for module, name in known if module in sys.modules)
     return isinstance(error, kinds)
 
 

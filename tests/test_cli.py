@@ -6,6 +6,7 @@ again as no-ops, and a day with too many bad rows failing with one line."""
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import subprocess
 import sys
@@ -16,6 +17,11 @@ import pytest
 
 from bench.preprocessing import measured_steps, preprocess_args
 from tasks import cli
+from tasks.pipelines import COMMANDS
+from tasks.byo import cli as byo_cli
+from tasks.criteo import cli as criteo_cli
+from tasks.movielens import cli as movielens_cli
+from tasks.outbrain import cli as outbrain_cli
 from tasks.core.storage import read_manifest
 from tests.conftest import REPO
 
@@ -38,13 +44,13 @@ def step_results(doc: dict, step: str) -> list:
 # ---- parsing --------------------------------------------------------------------------------------------------
 
 def test_day_lists_take_days_ranges_and_lists():
-    assert cli.day_list("3") == [3]
-    assert cli.day_list("0-2,5") == [0, 1, 2, 5]
-    assert cli.day_list("0-23") == list(range(24))
-    assert cli.day_list("4,1-2,2") == [1, 2, 4]
+    assert criteo_cli.day_list("3") == [3]
+    assert criteo_cli.day_list("0-2,5") == [0, 1, 2, 5]
+    assert criteo_cli.day_list("0-23") == list(range(24))
+    assert criteo_cli.day_list("4,1-2,2") == [1, 2, 4]
     for bad in ("3-1", "a", "", "-1", "0-", "1,,2"):
         with pytest.raises(argparse.ArgumentTypeError, match="expected a day"):
-            cli.day_list(bad)
+            criteo_cli.day_list(bad)
 
 
 def test_global_options_go_before_or_after_the_command():
@@ -53,7 +59,7 @@ def test_global_options_go_before_or_after_the_command():
     for args in (before, after):
         assert (args.data_root, args.json, args.quiet, args.verbose) == (Path("/d"), Path("r.json"), True, False)
         assert (args.pipeline, args.command, args.days, args.day) == ("criteo", "ingest", [0, 1, 5], None)
-        assert args.handler is cli.criteo_ingest
+        assert args.handler is criteo_cli.criteo_ingest
     plain = cli.parse_args(["criteo", "ingest", "--day", "3"])
     assert (plain.data_root, plain.json, plain.quiet, plain.day, plain.days) == (None, None, False, 3, None)
     assert (plain.source, plain.bad_row_budget, plain.day_stats_engine, plain.spark_master) == (
@@ -92,14 +98,29 @@ def test_every_pipeline_command_parses_with_its_knobs():
         list(range(23)), 23, "demo", 0, "cat_3:2", "all", 7, "cluster", "manual__1", None)
     movielens = cli.parse_args(["movielens", "preprocess", "--dataset", "ml-1m", "--min-ratings", "0"])
     assert (movielens.handler, movielens.dataset, movielens.min_ratings, movielens.test_negatives) == (
-        cli.movielens_preprocess, "ml-1m", 0, None)
+        movielens_cli.movielens_preprocess, "ml-1m", 0, None)
     outbrain = cli.parse_args(["outbrain", "ingest", "--snapshot", "s1", "--source", "s3://b/{file}.csv.gz"])
-    assert (outbrain.handler, outbrain.snapshot, outbrain.source) == (cli.outbrain_ingest, "s1", "s3://b/{file}.csv.gz")
+    assert (outbrain.handler, outbrain.snapshot, outbrain.source) == (outbrain_cli.outbrain_ingest, "s1", "s3://b/{file}.csv.gz")
     byo = cli.parse_args(["byo", "transcode", "--spec-uri", "s3://b/spec.yaml", "--engine", "spark"])
-    assert (byo.handler, byo.spec_uri, byo.engine, byo.data_uri) == (cli.byo_transcode, "s3://b/spec.yaml", "spark",
+    assert (byo.handler, byo.spec_uri, byo.engine, byo.data_uri) == (byo_cli.byo_transcode, "s3://b/spec.yaml", "spark",
                                                                      None)
     for pipeline in ("criteo", "movielens", "outbrain", "byo"):
         assert cli.parse_args([pipeline, "demo-data"]).command == "demo-data"
+
+
+def test_the_command_groups_are_the_registrys():
+    """tasks/pipelines.py's COMMANDS is the one list: each group's module adds its commands and its step errors."""
+    groups = next(a for a in cli.build_parser()._actions if isinstance(a, argparse._SubParsersAction))  # noqa: SLF001
+    assert list(groups.choices) == list(COMMANDS) == ["criteo", "movielens", "outbrain", "byo"]
+    for module in COMMANDS.values():
+        loaded = importlib.import_module(module)
+        assert callable(loaded.add_commands) and loaded.EXPECTED_ERRORS, module
+        for error_module, name in loaded.EXPECTED_ERRORS:
+            assert issubclass(getattr(importlib.import_module(error_module), name), Exception)
+    from tasks.criteo.ingest import StepInputMissing
+
+    assert cli.is_expected(StepInputMissing("day 3 has not been ingested"))
+    assert not cli.is_expected(KeyError("a bug"))
 
 
 def test_the_console_script_runs_the_same_main():
@@ -112,7 +133,7 @@ def test_the_console_script_runs_the_same_main():
 def test_the_benchmark_runs_a_valid_preprocess_command(tmp_path):
     args = cli.parse_args(preprocess_args(tmp_path / "data", 2, 4, tmp_path / "out", tmp_path / "r.json"))
     assert (args.handler, args.train_days, args.test_day, args.out, args.json) == (
-        cli.criteo_preprocess, [0, 1], 4, tmp_path / "out", tmp_path / "r.json")
+        criteo_cli.criteo_preprocess, [0, 1], 4, tmp_path / "out", tmp_path / "r.json")
     assert (args.profile, args.spark_profile, args.data_root) == ("full", "local", tmp_path / "data")
 
 
