@@ -13,9 +13,16 @@ already on the device:
                              buffer), so the table's index_add_ touches each row once
                 sorted       fused_scale, then ids sorted and equal ids' rows summed (segment_reduce)
                 bf16         autocast bf16 (no loss scale, nothing to unscale), rows -> fp32, one index_add_
+  loop        the trainer's default step (--amp_dtype auto, padded, compiled) with its batch already on the device,
+              copied from pinned host memory each step (as the trainer's loop does), and copied one step ahead on
+              a side stream: how much of the trainer-vs-step gap (5.46M vs 6.31M on an H200) the copy explains.
+  interaction the default step with the interaction's 1 + n_cat vectors padded by zero vectors to a multiple of 8
+              before its bmm (27 -> 32: aligned batched GEMMs), beside the default: same output, checked first.
   ops         the table ops alone: the lookup (index_select), index_add_ of this batch's ids (skewed: the small
               tables' rows are hit thousands of times) and of as many distinct random rows.
-One JSON line; the figures are what to choose the trainer's update from.
+--sections picks which run (default: all but updates, measured on 2026-11-28: docs/PERFORMANCE-gpu.md); the
+profile is of the trainer's default step unless --profile_dtype fp16. One JSON line; the figures are what to choose
+the trainer's next changes from.
 """
 
 from __future__ import annotations
@@ -29,6 +36,7 @@ from typing import Any, Callable
 import torch
 
 from bench.gpu_dlrm import LR, NUM_NUMERICAL, cardinalities, device_name
+from models.dlrm.model import DotInteraction
 
 
 def _sync(device: torch.device) -> None:
@@ -51,6 +59,33 @@ def _unscaled(grads: torch.Tensor, inv_scale: torch.Tensor) -> torch.Tensor:
     """fp32 rows x 1/scale, all zero if any is not finite (one reduction and one pointwise pass when compiled)."""
     finite = torch.isfinite(grads.float().sum())
     return torch.where(finite, grads.float() * inv_scale, torch.zeros((), device=grads.device))
+
+
+class RowPaddedInteraction(DotInteraction):
+    """DotInteraction with its 1 + n_cat vectors padded by zero vectors to a multiple of 8 before the bmm: the same
+    output (the pad rows' dots are never selected), computed by aligned batched GEMMs."""
+
+    def __init__(self, num_categorical: int, embedding_dim: int, padded: bool) -> None:
+        super().__init__(num_categorical, embedding_dim, padded)
+        n = num_categorical + 1
+        self.pad_rows = -(-n // 8) * 8 - n
+        rows, cols = torch.tril_indices(n, n, offset=-1)
+        self.register_buffer("tril_flat", rows * (n + self.pad_rows) + cols, persistent=False)
+
+    def forward(self, bottom_out: torch.Tensor, embeddings: torch.Tensor | list[torch.Tensor]) -> torch.Tensor:
+        if isinstance(embeddings, (list, tuple)):
+            embeddings = torch.stack(embeddings, dim=1)
+        batch, dim = bottom_out.shape
+        stacked = torch.cat([bottom_out.unsqueeze(1), embeddings, bottom_out.new_zeros(batch, self.pad_rows, dim)],
+                            dim=1)
+        dots = torch.bmm(stacked, stacked.transpose(1, 2))
+        parts = [bottom_out, dots.flatten(1).index_select(1, self.tril_flat)]
+        if self.padding:
+            parts.append(bottom_out.new_zeros(batch, self.padding))
+        return torch.cat(parts, dim=1)
+
+
+SECTIONS = ("profile", "updates", "loop", "interaction", "ops")
 
 
 def measure(args: argparse.Namespace) -> dict[str, Any]:
@@ -132,10 +167,14 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
                 optimizer.step()
         return step
 
-    amp_dtype = torch.float16 if cuda else torch.bfloat16
-    today = make_step(update_today, amp_dtype)
+    from models.torchkit.distributed import amp_dtype as resolve_amp
+
+    sections = set(args.sections.split(","))
+    amp_dtype = torch.float16 if cuda else torch.bfloat16  # the updates section's baseline (fp16, as measured)
+    default_dtype = resolve_amp(device, args.profile_dtype)
+    today = make_step(update_today, default_dtype)
     _timed(device, today, warmup=5, iterations=1)  # compile
-    if args.profile_steps:
+    if args.profile_steps and "profile" in sections:
         from torch.profiler import ProfilerActivity, profile
 
         activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
@@ -149,11 +188,11 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
             key = "self_device_time_total" if hasattr(events[0], "self_device_time_total") else "self_cuda_time_total"
         total = sum(getattr(e, key) for e in events) or 1.0
         top = sorted(events, key=lambda e: getattr(e, key), reverse=True)[:args.top]
-        note(profile=[{"name": e.key[:90], "share": round(getattr(e, key) / total, 4),
+        note(profile_dtype=str(default_dtype), profile=[{"name": e.key[:90], "share": round(getattr(e, key) / total, 4),
                        "ms_per_step": round(getattr(e, key) / 1e3 / args.profile_steps, 3), "calls": e.count}
                       for e in top])
     steps: dict[str, Any] = {}
-    for name, update in updates.items():
+    for name, update in (updates.items() if "updates" in sections else ()):
         dtype = torch.bfloat16 if name == "bf16" else amp_dtype
         try:
             seconds = _timed(device, make_step(update, dtype), warmup=5, iterations=args.iterations)
@@ -162,8 +201,88 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
             steps[name] = {"error": f"{type(exc).__name__}: {str(exc).splitlines()[0][:300] if str(exc) else ''}"}
         model.embeddings.pending = []
         print(json.dumps({"update": name, **steps[name]}), flush=True)
-    note(updates=steps)
+    if steps:
+        note(updates=steps)
 
+    def timed_figure(fn: Callable[[], None]) -> dict[str, Any]:
+        try:
+            seconds = _timed(device, fn, warmup=5, iterations=args.iterations)
+            return {"ms_per_step": round(seconds * 1e3, 3), "samples_per_second": round(batch / seconds)}
+        except Exception as exc:  # noqa: BLE001 - a variant that fails is a figure too
+            return {"error": f"{type(exc).__name__}: {str(exc).splitlines()[0][:300] if str(exc) else ''}"}
+        finally:
+            model.embeddings.pending = []
+
+    def default_step_on(next_batch: Callable[[], tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
+                        ) -> Callable[[], None]:
+        """The trainer's default step (no loss scaler unless the default type is fp16) on next_batch()'s rows."""
+        scaler = torch.amp.GradScaler(device.type) if (cuda and default_dtype == torch.float16) else None
+
+        def step() -> None:
+            numerical_, categorical_, label_ = next_batch()
+            with torch.autocast(device_type=device.type, dtype=default_dtype):
+                logits = model(numerical_, categorical_)
+            loss = torch.nn.functional.binary_cross_entropy_with_logits(logits.float(), label_)
+            optimizer.zero_grad(set_to_none=True)
+            (scaler.scale(loss) if scaler is not None else loss).backward()
+            inv = scaler._scale.double().reciprocal().float() if scaler is not None else None  # noqa: SLF001
+            model.apply_sparse_update(LR, inv_scale=inv)
+            if scaler is not None:
+                scaler.step(optimizer)
+                scaler.update()
+            else:
+                optimizer.step()
+        return step
+
+    on_device = (numerical, categorical, label)
+    if "loop" in sections:
+        pin = cuda  # pinned host memory where there is a device to copy to
+        host = tuple(t.cpu().pin_memory() if pin else t.cpu().clone() for t in (numerical, categorical.int(), label))
+
+        def copied() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+            n, c, y = (t.to(device, non_blocking=True) for t in host)
+            return n, c.long(), y
+
+        side = torch.cuda.Stream(device) if cuda else None
+        ahead: list[tuple[torch.Tensor, ...]] = []
+
+        def prefetched() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+            """The next batch's copy starts on a side stream while this one trains (one step ahead)."""
+            if side is None:
+                return copied()
+            if not ahead:
+                with torch.cuda.stream(side):
+                    ahead.append(copied())
+            torch.cuda.current_stream(device).wait_stream(side)
+            current = ahead.pop()
+            for tensor in current:
+                tensor.record_stream(torch.cuda.current_stream(device))
+            with torch.cuda.stream(side):
+                ahead.append(copied())
+            return current
+
+        note(loop={"on_device": timed_figure(default_step_on(lambda: on_device)),
+                   "h2d_copy": timed_figure(default_step_on(copied)),
+                   "h2d_side_stream": timed_figure(default_step_on(prefetched)),
+                   "batch_bytes": int(sum(t.numel() * t.element_size() for t in host))})
+
+    if "interaction" in sections:
+        standard = model.interaction
+        padded = RowPaddedInteraction(len(cards), model.embedding_dim, standard.padding > 0).to(device)
+        probe = torch.randn(64, len(cards), model.embedding_dim, device=device)
+        bottom = torch.randn(64, model.embedding_dim, device=device)
+        same = bool(torch.allclose(padded(bottom, probe), standard(bottom, probe), atol=1e-4, rtol=1e-4))
+        figures: dict[str, Any] = {"default": timed_figure(default_step_on(lambda: on_device)),
+                                   "same_output": same, "pad_rows": padded.pad_rows}
+        model.interaction = padded
+        if args.compile != "off" and (args.compile == "on" or cuda):
+            padded.compile()
+        figures["rows_padded_bmm"] = timed_figure(default_step_on(lambda: on_device))
+        model.interaction = standard
+        note(interaction=figures)
+
+    if "ops" not in sections:
+        return result
     ids = (categorical + model.embeddings.offsets).reshape(-1)
     rows = torch.randn(ids.numel(), weight.shape[1], device=device)
     distinct = torch.randint(0, weight.shape[0], (ids.numel(),), device=device, generator=generator)
@@ -188,6 +307,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--profile_steps", type=int, default=5)
     parser.add_argument("--top", type=int, default=25)
     parser.add_argument("--compile", default="auto", choices=("auto", "on", "off"))
+    parser.add_argument("--profile_dtype", default="auto", choices=("auto", "bf16", "fp16"),
+                        help="the type of the profiled step, the loop and interaction sections (auto: the trainer's)")
+    parser.add_argument("--sections", default="profile,loop,interaction,ops",
+                        help=f"comma-separated, of {', '.join(SECTIONS)}")
     parser.add_argument("--json", type=Path, default=None)
     return measure(parser.parse_args(argv))
 

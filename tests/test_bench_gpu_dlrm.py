@@ -51,3 +51,18 @@ def test_the_gpu_default_is_criteo_f15_at_full_size() -> None:
     shape, _ = gpu_dlrm.parse_args(["--device", "cuda"])
     assert shape.amp and shape.batch_size == 65536 and shape.train_rows == 8_388_608
     assert sum(gpu_dlrm.cardinalities(shape.table_scale)) == 32_709_138
+
+
+def test_the_profile_bench_runs_its_next_experiments_on_the_cpu(tmp_path: Path) -> None:
+    """bench.gpu_dlrm_profile's sections for the next GPU session, at a tiny size: the row-padded interaction
+    computes the same output, and every section leaves its figures in the JSON."""
+    from bench import gpu_dlrm_profile
+
+    out = tmp_path / "profile.json"
+    gpu_dlrm_profile.main(["--device", "cpu", "--table_scale", "4096", "--batch_size", "256", "--iterations", "1",
+                           "--profile_steps", "1", "--top", "3", "--compile", "off", "--json", str(out)])
+    result = json.loads(out.read_text())
+    assert result["interaction"]["same_output"] is True and result["interaction"]["pad_rows"] == 5
+    assert {"on_device", "h2d_copy", "h2d_side_stream"} <= set(result["loop"])
+    assert all(figure["samples_per_second"] > 0 for name, figure in result["loop"].items() if name != "batch_bytes")
+    assert result["profile"] and result["ops_ms"]["index_add_batch_ids"] > 0 and "updates" not in result
