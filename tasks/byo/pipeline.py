@@ -18,7 +18,7 @@ from urllib.parse import quote
 from tasks.core.config import NotAllowed, Settings
 from tasks.core.download_sources import DownloadError
 from tasks.core.settings_registry import read
-from tasks.core.profiles import dlrm_model_config
+from tasks.core.dlrm_knobs import dlrm_model_config
 from tasks.core.storage import completed_manifest, fingerprint, read_manifest
 from tasks.release import runs
 from tasks.release.pipeline import TrainingPipeline
@@ -60,7 +60,7 @@ class RunPaths(runs.RunPaths):
 
 
 def model_config(knobs: dict[str, Any], device: str) -> dict[str, Any]:
-    """DlrmConfig fields from the resolved knobs (tasks.core.profiles.dlrm_model_config)."""
+    """DlrmConfig fields from the resolved knobs (tasks.core.dlrm_knobs.dlrm_model_config)."""
     from tasks.byo.profiles import MODEL_KNOBS
 
     return dlrm_model_config(knobs, MODEL_KNOBS, device)
@@ -223,7 +223,7 @@ def validate_dataset(dataset_dir: Path) -> dict[str, Any]:
 
 def train(settings: Settings, run_id: str, run: dict[str, Any]) -> dict[str, Any]:
     from tasks.core.launch import train_with_torchrun
-    from tasks.core.profiles import dlrm_memory_need
+    from tasks.core.dlrm_knobs import dlrm_memory_need
 
     paths = run_paths(settings, run_id)
     config = model_config(run["knobs"], run["device"])

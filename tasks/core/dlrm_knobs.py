@@ -2,7 +2,8 @@
 
 Each DLRM pipeline (its profiles.py) puts its own knobs first (windows, thresholds, ...), then these, then its
 release thresholds. The model knobs map one-to-one onto models.dlrm.config.DlrmConfig fields of the same name
-(`model_knobs`); the MLP widths are comma-separated text in the form, parsed by `profiles.dlrm_model_config`.
+(`model_knobs`); the MLP widths are comma-separated text in the form, parsed by `dlrm_model_config`, which also
+builds the trainer's config from a run's resolved knobs; `dlrm_memory_need` sizes it before launch.
 `NVIDIA_RECIPE` is NVIDIA DeepLearningExamples' PyTorch DLRM recipe for the 1TB click logs (batch 65536, plain SGD
 lr 24, warmup 8000, polynomial decay from 48000 over 24000 steps, one epoch), with the schedule scaled to the run's
 own step count (models/dlrm/config.py): a pipeline's `full` profile starts from it.
@@ -10,9 +11,14 @@ own step count (models/dlrm/config.py): a pipeline's `full` profile starts from 
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
-from tasks.core.profiles import Knob
+from tasks.core.profiles import Knob, layer_sizes
+
+if TYPE_CHECKING:
+    from tasks.core.launch import MemoryNeed
 
 _MLP = {"type": "string", "pattern": r"^\d{1,5}(,\d{1,5}){0,7}$"}
 SHARDINGS = ["data_parallel", "table_wise", "column_wise", "auto", "row_wise"]
@@ -76,3 +82,44 @@ def model_knobs(sharding: bool = True) -> tuple[str, ...]:
 def nvidia_recipe(sharding: bool = True) -> dict[str, Any]:
     """NVIDIA_RECIPE's values for `dlrm_knobs(sharding)`."""
     return {name: NVIDIA_RECIPE[name] for name in dlrm_knobs(sharding)}
+
+
+def dlrm_model_config(knobs: Mapping[str, Any], model_knobs: Sequence[str], device: str) -> dict[str, Any]:
+    """A DLRM trainer's config fields from a pipeline's resolved knobs: every model knob explicit, the MLP widths
+    parsed (the top MLP must end in 1, the click logit), and the device. Refuses bad sizes with one line."""
+    config = {name: knobs[name] for name in model_knobs}
+    config["bottom_mlp_sizes"] = layer_sizes(knobs["bottom_mlp"])
+    config["top_mlp_sizes"] = layer_sizes(knobs["top_mlp"])
+    if config["top_mlp_sizes"][-1] != 1:
+        raise ValueError(f"top MLP {knobs['top_mlp']!r} must end in 1 (the click logit)")
+    config["device"] = device
+    return config
+
+
+def dlrm_memory_need(dataset_dir: Path, config: Mapping[str, Any]) -> MemoryNeed:
+    """The least memory a DLRM trainer needs for the dataset's FeatureSpec and a dlrm_model_config: fp32 embedding
+    tables (rows capped by max_table_size; weights only, their gradients are sparse) and the bottom / top MLPs
+    (weights and gradients). Replicated in every process with data_parallel, split across the job otherwise."""
+    from tasks.core.launch import MemoryNeed
+    from tasks.formats.feature_spec import FEATURE_SPEC_FILE, FeatureSpec
+
+    spec = FeatureSpec.from_yaml(Path(dataset_dir) / FEATURE_SPEC_FILE)
+    cap = config.get("max_table_size")
+    rows = [min(card, cap) if cap else card for card in spec.get_categorical_sizes()]
+    bottom, top = list(config["bottom_mlp_sizes"]), list(config["top_mlp_sizes"])
+    dim, features = bottom[-1], len(rows) + 1
+    dense = _mlp_params(spec.get_number_of_numerical_features(), bottom)
+    dense += _mlp_params(features * (features - 1) // 2 + dim, top)  # input: the pairwise dots + the bottom output
+    tables = sum(rows) * dim * 4
+    replicated = config.get("sharding", "data_parallel") == "data_parallel"
+    return MemoryNeed(replicated=dense * 4 * 2 + (tables if replicated else 0), sharded=0 if replicated else tables,
+                      what=f"DLRM with {len(rows)} embedding tables of {sum(rows):,} rows x {dim}",
+                      lower="max_table_size (with hash_indices), the MLP widths or nproc, or shard the tables")
+
+
+def _mlp_params(inputs: int, widths: Sequence[int]) -> int:
+    total = 0
+    for width in widths:
+        total += inputs * width + width
+        inputs = width
+    return total

@@ -14,7 +14,7 @@ Several machines ("nodes"): each node's launcher starts its own processes with t
 torchrun's processes meet at a c10d rendezvous hosted by node 0's launcher; TensorFlow's workers get one TF_CONFIG
 naming every worker of every node. The output directory must be one shared directory that every node sees.
 
-Before launching, a caller that can size its model (`MemoryNeed`, e.g. tasks.core.profiles.dlrm_memory_need from the
+Before launching, a caller that can size its model (`MemoryNeed`, e.g. tasks.core.dlrm_knobs.dlrm_memory_need from the
 FeatureSpec's cardinalities and the MLP widths) has the bytes checked against the node's memory (`check_memory`):
 a model far above the machine fails with one line naming what to lower, not in an allocation inside the trainer.
 

@@ -13,13 +13,9 @@ RECFLOW_PROFILE) but never looser; a looser one is refused with one line before 
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from tasks.core.launch import MemoryNeed
+from typing import Any
 
 from tasks.core.config import NotAllowed, load_settings
 
@@ -99,44 +95,3 @@ def layer_sizes(text: str, *, what: str = "MLP sizes", even_first: bool = False)
     if even_first and sizes[0] % 2:
         raise ValueError(f"{what} {text!r}: the first width is split in two halves, so it must be even")
     return sizes
-
-
-def dlrm_model_config(knobs: Mapping[str, Any], model_knobs: Sequence[str], device: str) -> dict[str, Any]:
-    """A DLRM trainer's config fields from a pipeline's resolved knobs: every model knob explicit, the MLP widths
-    parsed (the top MLP must end in 1, the click logit), and the device. Refuses bad sizes with one line."""
-    config = {name: knobs[name] for name in model_knobs}
-    config["bottom_mlp_sizes"] = layer_sizes(knobs["bottom_mlp"])
-    config["top_mlp_sizes"] = layer_sizes(knobs["top_mlp"])
-    if config["top_mlp_sizes"][-1] != 1:
-        raise ValueError(f"top MLP {knobs['top_mlp']!r} must end in 1 (the click logit)")
-    config["device"] = device
-    return config
-
-
-def dlrm_memory_need(dataset_dir: Path, config: Mapping[str, Any]) -> MemoryNeed:
-    """The least memory a DLRM trainer needs for the dataset's FeatureSpec and a dlrm_model_config: fp32 embedding
-    tables (rows capped by max_table_size; weights only, their gradients are sparse) and the bottom / top MLPs
-    (weights and gradients). Replicated in every process with data_parallel, split across the job otherwise."""
-    from tasks.core.launch import MemoryNeed
-    from tasks.formats.feature_spec import FEATURE_SPEC_FILE, FeatureSpec
-
-    spec = FeatureSpec.from_yaml(Path(dataset_dir) / FEATURE_SPEC_FILE)
-    cap = config.get("max_table_size")
-    rows = [min(card, cap) if cap else card for card in spec.get_categorical_sizes()]
-    bottom, top = list(config["bottom_mlp_sizes"]), list(config["top_mlp_sizes"])
-    dim, features = bottom[-1], len(rows) + 1
-    dense = _mlp_params(spec.get_number_of_numerical_features(), bottom)
-    dense += _mlp_params(features * (features - 1) // 2 + dim, top)  # input: the pairwise dots + the bottom output
-    tables = sum(rows) * dim * 4
-    replicated = config.get("sharding", "data_parallel") == "data_parallel"
-    return MemoryNeed(replicated=dense * 4 * 2 + (tables if replicated else 0), sharded=0 if replicated else tables,
-                      what=f"DLRM with {len(rows)} embedding tables of {sum(rows):,} rows x {dim}",
-                      lower="max_table_size (with hash_indices), the MLP widths or nproc, or shard the tables")
-
-
-def _mlp_params(inputs: int, widths: Sequence[int]) -> int:
-    total = 0
-    for width in widths:
-        total += inputs * width + width
-        inputs = width
-    return total

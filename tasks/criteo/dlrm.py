@@ -9,7 +9,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from tasks.core.profiles import dlrm_model_config
+from tasks.core.dlrm_knobs import dlrm_model_config
 from tasks.criteo import layout
 from tasks.core.config import Settings
 from tasks.core.storage import file_sha256, read_manifest, write_text_atomic
@@ -95,7 +95,7 @@ class RunPaths(runs.RunPaths):
 
 
 def model_config(knobs: dict[str, Any], device: str) -> dict[str, Any]:
-    """DlrmConfig fields from the resolved knobs (tasks.core.profiles.dlrm_model_config)."""
+    """DlrmConfig fields from the resolved knobs (tasks.core.dlrm_knobs.dlrm_model_config)."""
     from tasks.criteo.profiles import MODEL_KNOBS
 
     return dlrm_model_config(knobs, MODEL_KNOBS, device)
@@ -104,7 +104,7 @@ def model_config(knobs: dict[str, Any], device: str) -> dict[str, Any]:
 def train(settings: Settings, run_id: str, run: dict[str, Any]) -> dict[str, Any]:
     """torchrun on nproc processes (PyTorch), or nproc TensorFlow workers (MultiWorkerMirroredStrategy)."""
     from tasks.core.launch import train_with_tf_workers, train_with_torchrun
-    from tasks.core.profiles import dlrm_memory_need
+    from tasks.core.dlrm_knobs import dlrm_memory_need
 
     paths = run_paths(settings, run_id)
     config = model_config(run["knobs"], run["device"])

@@ -419,7 +419,7 @@ def test_model_far_above_the_machine_is_refused_before_training_starts(tmp_path:
 
 def test_memory_need_counts_processes_and_sharding(tmp_path: Path) -> None:
     from tasks.core.launch import ModelTooLarge, check_memory
-    from tasks.core.profiles import dlrm_memory_need
+    from tasks.core.dlrm_knobs import dlrm_memory_need
     from tasks.criteo.dlrm import model_config
     from tasks.criteo.profiles import PROFILES
 
@@ -437,7 +437,7 @@ def test_memory_need_counts_processes_and_sharding(tmp_path: Path) -> None:
 
 def test_demo_model_passes_the_preflight_against_this_machine(tmp_path: Path) -> None:
     from tasks.core.launch import check_memory, node_memory_bytes
-    from tasks.core.profiles import dlrm_memory_need
+    from tasks.core.dlrm_knobs import dlrm_memory_need
     from tasks.criteo.dlrm import model_config
     from tasks.criteo.profiles import PROFILES
 
