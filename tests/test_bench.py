@@ -217,12 +217,16 @@ def test_model_flops_count_the_mlps_and_the_interaction_gemm():
     from bench.train_ceiling import model_flops
     from models.dlrm.model import Dlrm
 
-    tiny = model_flops(4, 2, (8, 4), (6, 1))
+    tiny = model_flops(4, 2, (8, 4), (6, 1), padded=False)
     # bottom 4*8 + 8*4; interaction 3 vectors: 3*3*4; top (4 + 3 pairs) * 6 + 6 * 1
     assert (tiny.bottom_mlp_macs, tiny.interaction_macs, tiny.top_mlp_macs) == (64, 36, 48)
     assert tiny.train_flops == 6 * 148 and tiny.embedding_bytes_read == 2 * 4 * 4
-    nvidia = model_flops(13, 26, (512, 256, 128), (1024, 1024, 512, 256, 1))
+    nvidia = model_flops(13, 26, (512, 256, 128), (1024, 1024, 512, 256, 1), padded=False)
     assert nvidia.forward_macs == 170_496 + 27 * 27 * 128 + 2_194_688
+    # As Dlrm computes it: the interaction's 479 columns padded to 480 (7 -> 8 for the tiny model)
+    assert model_flops(13, 26, (512, 256, 128), (1024, 1024, 512, 256, 1)).forward_macs == nvidia.forward_macs + 1024
+    tiny = model_flops(4, 2, (8, 4), (6, 1))
+    assert tiny.top_mlp_macs == 8 * 6 + 6
     # torch's own count of the forward pass (addmm + bmm) agrees, per sample
     model = Dlrm(4, [5, 7], (8, 4), (6, 1))
     with FlopCounterMode(display=False) as counter:
