@@ -148,13 +148,18 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     updates = {"today": update_today, "none": update_none, "fused_scale": update_fused, "dedup": update_dedup,
                "sorted": update_sorted, "bf16": update_fused}
 
-    def make_step(update: Callable[..., None], dtype: torch.dtype) -> Callable[[], None]:
+    def make_step(update: Callable[..., None], dtype: torch.dtype,
+                  next_batch: Callable[[], tuple[torch.Tensor, ...]] | None = None) -> Callable[[], None]:
+        """One training step with the table update done by `update`, on next_batch()'s rows (default: the batch
+        already on the device)."""
         scaler = torch.amp.GradScaler(device.type) if (cuda and dtype == torch.float16) else None
 
         def step() -> None:
+            numerical_, categorical_, label_ = next_batch() if next_batch is not None else (numerical, categorical,
+                                                                                            label)
             with torch.autocast(device_type=device.type, dtype=dtype):
-                logits = model(numerical, categorical)
-            loss = torch.nn.functional.binary_cross_entropy_with_logits(logits.float(), label)
+                logits = model(numerical_, categorical_)
+            loss = torch.nn.functional.binary_cross_entropy_with_logits(logits.float(), label_)
             optimizer.zero_grad(set_to_none=True)
             (scaler.scale(loss) if scaler is not None else loss).backward()
             ids, grads = model.embeddings.take_pending()
@@ -216,23 +221,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     def default_step_on(next_batch: Callable[[], tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
                         ) -> Callable[[], None]:
         """The trainer's default step (no loss scaler unless the default type is fp16) on next_batch()'s rows."""
-        scaler = torch.amp.GradScaler(device.type) if (cuda and default_dtype == torch.float16) else None
-
-        def step() -> None:
-            numerical_, categorical_, label_ = next_batch()
-            with torch.autocast(device_type=device.type, dtype=default_dtype):
-                logits = model(numerical_, categorical_)
-            loss = torch.nn.functional.binary_cross_entropy_with_logits(logits.float(), label_)
-            optimizer.zero_grad(set_to_none=True)
-            (scaler.scale(loss) if scaler is not None else loss).backward()
-            inv = scaler._scale.double().reciprocal().float() if scaler is not None else None  # noqa: SLF001
-            model.apply_sparse_update(LR, inv_scale=inv)
-            if scaler is not None:
-                scaler.step(optimizer)
-                scaler.update()
-            else:
-                optimizer.step()
-        return step
+        return make_step(update_today, default_dtype, next_batch)
 
     on_device = (numerical, categorical, label)
     if "loop" in sections:
