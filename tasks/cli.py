@@ -166,6 +166,15 @@ def profile_option(parser: argparse.ArgumentParser, profiles: Mapping[str, Any])
                         help="knob profile (default: RECFLOW_PROFILE, else full); the options below override it")
 
 
+def ingest_snapshot(args: argparse.Namespace, settings: Settings, steps: Steps, name: str,
+                    download: Callable[..., Any], validate: Callable[..., Any]) -> None:
+    """A snapshot's download then its validation, as a snapshot pipeline's ingest DAG runs them (with the options of
+    `source_options`)."""
+    steps.run("download_snapshot", download, settings, name, source=args.source, aws_conn_id=args.aws_conn_id,
+              label=name)
+    steps.run("validate_snapshot", validate, settings, name, bad_row_budget=args.bad_row_budget, label=name)
+
+
 def pipeline_commands(pipelines: argparse._SubParsersAction, pipeline: str,
                       commands: dict[str, tuple[Callable, str]]) -> dict[str, argparse.ArgumentParser]:
     """A pipeline's sub-command parsers: {command: parser}, each running its handler(args, settings, steps)."""

@@ -6,7 +6,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from tasks.cli import Steps, non_negative, pipeline_commands, positive, profile_option, source_options, spark_options
+from tasks.cli import (Steps, ingest_snapshot, non_negative, pipeline_commands, positive, profile_option,
+                       source_options, spark_options)
 from tasks.core.config import Settings
 
 # Errors of this pipeline's steps that mean a step ran out of order (exit status 1, one line), as tasks.cli's.
@@ -26,11 +27,8 @@ def outbrain_ingest(args: argparse.Namespace, settings: Settings, steps: Steps) 
     from tasks.outbrain.ingest import download_snapshot, validate_snapshot
     from tasks.outbrain.settings import load_outbrain_settings
 
-    name = args.snapshot or load_outbrain_settings().snapshot
-    steps.run("download_snapshot", download_snapshot, settings, name, source=args.source,
-              aws_conn_id=args.aws_conn_id, label=name)
-    steps.run("validate_snapshot", validate_snapshot, settings, name, bad_row_budget=args.bad_row_budget,
-              label=name)
+    ingest_snapshot(args, settings, steps,
+                    args.snapshot or load_outbrain_settings().snapshot, download_snapshot, validate_snapshot)
 
 
 def outbrain_features(args: argparse.Namespace, settings: Settings, steps: Steps) -> None:
