@@ -218,6 +218,40 @@ def test_sampling_is_per_user_and_rejects_a_full_train_set():
         job.sample_negatives(3, 11, [0, 1, 2], 3, 5)
 
 
+def test_series_sampling_streams_and_does_not_depend_on_batching():
+    """The mapInArrow body sees a partition's rows grouped by user, cut into Arrow batches anywhere (a user's rows
+    may straddle batches): every cut gives the same series, each user's positive first."""
+    rng = np.random.default_rng(0)
+    users, items, tests = [], [], []
+    for user in (4, 0, 9, 2):  # grouped, not sorted: a partition is sorted by user only within itself
+        own = rng.choice(50, size=int(rng.integers(1, 12)), replace=False)
+        test_at = int(rng.integers(len(own)))
+        users += [user] * len(own)
+        items += own.tolist()
+        tests += [i == test_at for i in range(len(own))]
+    table = pa.table({"user": pa.array(users, pa.int64()), "item": pa.array(items, pa.int64()),
+                      job.IS_TEST: pa.array(tests)})
+
+    def run(batches):
+        out = list(job.test_series_batches(iter(batches), SEED, 50, 5))
+        return ([u for b in out for u in b.column("user").to_pylist()],
+                [s for b in out for s in b.column("series").to_pylist()])
+
+    whole = run(table.to_batches())
+    assert whole[0] == [4, 0, 9, 2]
+    for user, series in zip(*whole):
+        rows = [(i, t) for u, i, t in zip(users, items, tests) if u == user]
+        assert series[0] == next(i for i, t in rows if t)
+        assert not set(series[1:]) & {i for i, t in rows if not t}
+    for size in (1, 3, 7):
+        assert run(table.to_batches(max_chunksize=size)) == whole, size
+    assert run([]) == ([], [])
+    two = pa.table({"user": pa.array([3, 3], pa.int64()), "item": pa.array([1, 2], pa.int64()),
+                    job.IS_TEST: pa.array([False, False])})
+    with pytest.raises(RuntimeError, match="user 3: 0 test positives"):
+        run(two.to_batches())
+
+
 # ---- validation --------------------------------------------------------------------------------------------------
 
 def test_validate_dataset_accepts_the_output(dataset, unfiltered):

@@ -66,7 +66,7 @@ from tasks.core.storage import Manifest, atomic_directory, write_manifest
 from tasks.formats.torch_tensor import ITEM, USER
 from tasks.movielens.schema import ITEM_ID, LINE, MIN_RATINGS_PER_USER, TIMESTAMP, USER_ID
 
-TEST_ITEM, TRAIN_ITEMS, SERIES = "test_item", "train_items", "series"
+TEST_ITEM, IS_TEST, SERIES = "test_item", "is_test", "series"
 MAPPINGS_DIR = "mappings"
 USERS_FILE, ITEMS_FILE = "users.parquet", "items.parquet"
 SEEN_FILE = "seen.parquet"
@@ -142,7 +142,8 @@ def leave_one_out(pairs):
 
     last = pairs.groupBy(USER).agg(F.max(F.struct(TIMESTAMP, LINE, ITEM)).alias("last"))
     positives = last.select(USER, F.col(f"last.{ITEM}").alias(TEST_ITEM))
-    train = (pairs.join(positives, on=USER).where(F.col(ITEM) != F.col(TEST_ITEM)).select(USER, ITEM))
+    # One row per user: broadcast (ml-20m: 138k rows, ~2 MB), so the 20M pairs are not sorted for a join.
+    train = (pairs.join(F.broadcast(positives), on=USER).where(F.col(ITEM) != F.col(TEST_ITEM)).select(USER, ITEM))
     return positives, train
 
 
@@ -170,28 +171,59 @@ def sample_negatives(seed: int, user: int, train_items, n_items: int, count: int
     return out
 
 
-def test_series_batches(batches: Iterator, seed: int, n_items: int, negatives: int) -> Iterator:
-    """mapInArrow body: (user, test_item, train_items) -> (user, series = [test_item, negatives...])."""
+def series_of_users(users, items, is_test, seed: int, n_items: int, negatives: int):
+    """(user, series) RecordBatch for rows holding every row of each of their users, grouped by user: each user's
+    one test row (its positive) first, then negatives sampled outside its train rows' items."""
     import numpy as np
     import pyarrow as pa
 
     width = negatives + 1
+    starts = np.flatnonzero(np.r_[True, users[1:] != users[:-1]]) if len(users) else np.empty(0, dtype=np.int64)
+    ends = np.r_[starts[1:], len(users)]
+    series = np.empty((len(starts), width), dtype=np.int64)
+    for row, (start, end) in enumerate(zip(starts, ends)):
+        user, test = int(users[start]), is_test[start:end]
+        if int(test.sum()) != 1:
+            raise RuntimeError(f"user {user}: {int(test.sum())} test positives, expected 1")
+        own = items[start:end]
+        series[row, 0] = own[test][0]
+        series[row, 1:] = sample_negatives(seed, user, own[~test], n_items, negatives)
+    flat = pa.ListArray.from_arrays(pa.array(np.arange(0, len(starts) * width + 1, width, dtype=np.int32)),
+                                    pa.array(series.ravel()))
+    return pa.RecordBatch.from_arrays([pa.array(users[starts].astype(np.int64)), flat], names=[USER, SERIES])
+
+
+def test_series_batches(batches: Iterator, seed: int, n_items: int, negatives: int) -> Iterator:
+    """mapInArrow body: (user, item, is_test) rows, grouped by user within the partition -> (user, series =
+    [test_item, negatives...]). Streams: it holds one Arrow batch and the rows of the user it ends in (a user's
+    rows may straddle batches), never one list per user of the partition."""
+    import numpy as np
+
+    held = None
     for batch in batches:
-        users = batch.column(USER).to_numpy()
-        positives = batch.column(TEST_ITEM).to_numpy()
-        lists = batch.column(TRAIN_ITEMS)
-        offsets, values = lists.offsets.to_numpy(), lists.values.to_numpy()
-        series = np.empty((len(users), width), dtype=np.int64)
-        series[:, 0] = positives
-        for i, user in enumerate(users):
-            series[i, 1:] = sample_negatives(seed, int(user), values[offsets[i]:offsets[i + 1]], n_items, negatives)
-        flat = pa.ListArray.from_arrays(pa.array(np.arange(0, len(users) * width + 1, width, dtype=np.int32)),
-                                        pa.array(series.ravel()))
-        yield pa.RecordBatch.from_arrays([pa.array(users), flat], names=[USER, SERIES])
+        columns = [batch.column(name).to_numpy(zero_copy_only=False) for name in (USER, ITEM, IS_TEST)]
+        if held is not None:
+            columns = [np.concatenate([h, c]) for h, c in zip(held, columns)]
+        users = columns[0]
+        if not len(users):
+            continue
+        others = np.flatnonzero(users != users[-1])
+        last = int(others[-1]) + 1 if len(others) else 0  # the first row of the batch's last user
+        held = [c[last:] for c in columns]
+        if last:
+            yield series_of_users(*(c[:last] for c in columns), seed, n_items, negatives)
+    if held is not None:
+        yield series_of_users(*held, seed, n_items, negatives)
 
 
-def test_series(spark, positives, train, n_items: int, negatives: int, seed: int):
-    """(user, series): every user's positive then its sampled negatives."""
+def test_series(positives, train, n_items: int, negatives: int, seed: int):
+    """(user, series): every user's positive then its sampled negatives.
+
+    The positives and the train pairs go through one shuffle by user, sorted within each partition (Spark's sort
+    spills), and the sampling walks each partition's rows in that order: the heap it needs does not grow with the
+    users or their items (the earlier `collect_list` of every user's train items ran out of a 2g heap at ml-20m's
+    size). Each user's draws come from its own stream, so the partitioning does not change a byte of the output.
+    """
     from pyspark.sql import functions as F
     from pyspark.sql.types import ArrayType, LongType, StructField, StructType
 
@@ -199,10 +231,9 @@ def test_series(spark, positives, train, n_items: int, negatives: int, seed: int
     # module's function is pickled by reference and imported by the workers (PYTHONPATH / --py-files).
     from spark_jobs.movielens.preprocess import test_series_batches as sample
 
-    per_user = train.groupBy(USER).agg(F.collect_list(ITEM).alias(TRAIN_ITEMS))
-    rows = (positives.join(per_user, on=USER, how="left")
-            .select(USER, TEST_ITEM, F.coalesce(F.col(TRAIN_ITEMS), F.array().cast("array<bigint>"))
-                    .alias(TRAIN_ITEMS)))
+    rows = (positives.select(USER, F.col(TEST_ITEM).alias(ITEM), F.lit(True).alias(IS_TEST))
+            .unionByName(train.select(USER, ITEM, F.lit(False).alias(IS_TEST)))
+            .repartition(USER).sortWithinPartitions(USER))
     schema = StructType([StructField(USER, LongType(), False), StructField(SERIES, ArrayType(LongType(), False))])
     return rows.mapInArrow(lambda batches: sample(batches, seed, n_items, negatives), schema)
 
@@ -287,14 +318,14 @@ def main(argv: Sequence[str]) -> PreprocessResult:
     spark = spark_session("recflow movielens preprocess")
     ratings = spark.read.parquet(args.ratings).select(LINE, USER_ID, ITEM_ID, TIMESTAMP)
     rows_in = ratings.count()
-    filtered = filter_min_ratings(ratings, args.min_ratings).persist(StorageLevel.MEMORY_AND_DISK)
+    filtered = filter_min_ratings(ratings, args.min_ratings).persist(StorageLevel.DISK_ONLY)
     rows_kept = filtered.count()
     log.info("%d ratings read, %d kept by min_ratings=%d", rows_in, rows_kept, args.min_ratings)
     if rows_kept == 0:
         raise ValueError(f"no ratings left: {rows_in} rows read, none from a user with >= {args.min_ratings} ratings")
     user_ids, users = factorize(spark, filtered, USER_ID, USER)
     item_ids, items = factorize(spark, filtered, ITEM_ID, ITEM)
-    pairs = first_interactions(filtered, users, items).persist(StorageLevel.MEMORY_AND_DISK)
+    pairs = first_interactions(filtered, users, items).persist(StorageLevel.DISK_ONLY)
     counts = pairs.agg(F.count("*").alias("pairs"), F.max(USER).alias("user"), F.max(ITEM).alias("item")).first()
     n_pairs, n_users, n_items = int(counts["pairs"]), int(counts["user"]) + 1, int(counts["item"]) + 1
     if (n_users, n_items) != (len(user_ids), len(item_ids)):
@@ -303,7 +334,7 @@ def main(argv: Sequence[str]) -> PreprocessResult:
     log.info("%d users, %d items, %d distinct (user, item) pairs (%d duplicates dropped)", n_users, n_items, n_pairs,
              rows_kept - n_pairs)
     positives, train = leave_one_out(pairs)
-    series = test_series(spark, positives, train, n_items, args.test_negatives, args.seed)
+    series = test_series(positives, train, n_items, args.test_negatives, args.seed)
     with atomic_directory(args.output) as tmp:
         parquet = tmp / PARQUET_TMP
         train.orderBy(USER, ITEM).write.parquet(str(parquet / "train"))
