@@ -169,15 +169,28 @@ def epoch_sample(positives: Interactions, n_items: int, negatives: int, seed: in
     [0, n_items) without checking them against the user's positives (NVIDIA's trick), shuffled.
 
     Depends only on (seed, epoch): every worker draws the same sample and takes its own shard, and a resumed run
-    sees the epoch it was killed in again.
+    sees the epoch it was killed in again. Ids are int32 where they fit (the values are those of the int64 draw), and
+    each array is built in place and shuffled one at a time: at ml-20m's size (99.5M samples) the epoch holds
+    ~1.2 GB plus one 0.8 GB permutation, not the ~5 GB of int64 copies it once took.
     """
     rng = np.random.default_rng([seed, epoch])
     n = len(positives)
-    users = np.concatenate([positives.users, np.repeat(positives.users, negatives)])
-    items = np.concatenate([positives.items, rng.integers(0, n_items, size=n * negatives, dtype=np.int64)])
-    labels = np.concatenate([np.ones(n, np.float32), np.zeros(n * negatives, np.float32)])
-    order = rng.permutation(users.shape[0])
-    return users[order], items[order], labels[order]
+    total = n * (1 + negatives)
+    fits = n_items <= np.iinfo(np.int32).max and (n == 0 or int(positives.users.max()) <= np.iinfo(np.int32).max)
+    ids = np.int32 if fits else np.int64
+    users = np.empty(total, dtype=ids)
+    users[:n] = positives.users
+    users[n:].reshape(n, negatives)[:] = positives.users[:, None]  # np.repeat's order, without its int64 copy
+    items = np.empty(total, dtype=ids)
+    items[:n] = positives.items
+    items[n:] = rng.integers(0, n_items, size=n * negatives, dtype=np.int64)
+    labels = np.zeros(total, dtype=np.float32)
+    labels[:n] = 1.0
+    order = rng.permutation(total)
+    users = users[order]  # one array at a time: each unshuffled copy is freed as its shuffled one is made
+    items = items[order]
+    labels = labels[order]
+    return users, items, labels
 
 
 def steps_per_epoch(positives: int, negatives: int, global_batch: int) -> int:

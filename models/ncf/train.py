@@ -127,11 +127,13 @@ def _train_epochs(run: _Run) -> bool:
     scorer = make_series_scorer(run.model, cfg.topk, cfg.xla) if ctx.is_chief else None
     meter = ProgressMeter(run.total_steps, run.step, cfg.batch_size)
     for epoch in range(run.step // run.steps_per_epoch, cfg.epochs):
+        arrays = None  # the last epoch's sample is freed before the next one is drawn
         arrays = data.epoch_sample(run.positives, run.spec.items, cfg.negatives, cfg.seed, epoch)
         losses, started = [], time.perf_counter()
         for in_epoch in range(run.step - epoch * run.steps_per_epoch, run.steps_per_epoch):
             users, items, labels = data.worker_batch(arrays, in_epoch, cfg.batch_size, ctx.index, ctx.workers)
-            losses.append(train_step((tf.constant(users), tf.constant(items)), tf.constant(labels),
+            ids = (tf.constant(users.astype(np.int64)), tf.constant(items.astype(np.int64)))  # the model's int64 inputs
+            losses.append(train_step(ids, tf.constant(labels),
                                      tf.constant([cfg.seed, run.step], tf.int64)))
             run.step += 1
             if run.step % cfg.log_every_steps == 0:
