@@ -104,6 +104,49 @@ def test_epoch_sample_is_the_int64_draw_in_int32_and_depends_only_on_seed_and_ep
     assert not np.array_equal(epoch_sample(pairs, 25, 4, seed=9, epoch=3)[1], items)
 
 
+@pytest.mark.parametrize("optimizer", ["sgd", "adam"])
+def test_micro_batches_make_the_update_of_the_whole_batch(optimizer: str):
+    """A batch through k slices (gradients summed, embedding IndexedSlices concatenated) gives the loss and the
+    weights of the whole batch in one piece, step after step (dropout off: its masks are drawn per slice)."""
+    import keras
+    import tensorflow as tf
+
+    from models.ncf.model import NeuMFConfig, build_model
+    from models.tfkit.training import make_train_step
+
+    rng = np.random.default_rng(4)
+    batches = [((tf.constant(rng.integers(0, 30, 64)), tf.constant(rng.integers(0, 20, 64))),
+                tf.constant(rng.integers(0, 2, 64).astype(np.float32))) for _ in range(3)]
+    runs = {}
+    for slices in (1, 4):
+        keras.utils.set_random_seed(5)
+        strategy = tf.distribute.OneDeviceStrategy("/cpu:0")
+        with strategy.scope():
+            model = build_model(NeuMFConfig(users=30, items=20, factors=4, mlp_sizes=(8, 8, 4), dropout=0.0))
+            opt = keras.optimizers.SGD(0.5) if optimizer == "sgd" else keras.optimizers.Adam(0.01)
+        start = [w.numpy() for w in model.weights]
+        step = make_train_step(model, opt, strategy, 64, micro_batches=slices)
+        losses = [float(step(inputs, labels, tf.constant([1, i], tf.int64))) for i, (inputs, labels) in
+                  enumerate(batches)]
+        runs[slices] = losses, [w.numpy() for w in model.weights]
+    assert np.allclose(runs[1][0], runs[4][0], rtol=1e-5, atol=1e-7)
+    for whole, sliced in zip(runs[1][1], runs[4][1]):
+        assert np.allclose(whole, sliced, rtol=1e-4, atol=1e-6)
+    assert all(not np.allclose(before, after) for before, after in zip(start, runs[4][1]))  # every weight trained
+
+
+def test_auto_micro_batches_bound_a_cpu_step_and_leave_a_gpu_alone():
+    from models.tfkit.training import micro_batches
+
+    assert micro_batches(0, 1 << 20, on_gpu=False) == 8
+    assert micro_batches(0, 1 << 20, on_gpu=True) == 1
+    assert micro_batches(0, 65536, on_gpu=False) == 1
+    assert micro_batches(0, 3 * 100_000, on_gpu=False) == 3   # the fewest even slices of <= 131072
+    assert micro_batches(2, 64, on_gpu=False) == 2
+    with pytest.raises(ValueError, match="does not split into 3"):
+        micro_batches(3, 64, on_gpu=False)
+
+
 def test_config_defaults_are_nvidias_and_the_cli_roundtrips():
     cfg = parse_args(["--mlp_sizes", "64", "32", "--no-xla", "--precision", "bf16"])
     assert (cfg.factors, cfg.dropout, cfg.learning_rate, cfg.beta1, cfg.beta2, cfg.eps, cfg.negatives,

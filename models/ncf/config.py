@@ -49,6 +49,10 @@ class NcfConfig:
     precision: str = _opt("fp32", "fp32, bf16 (mixed) or fp16 (mixed, with loss scaling)",
                           choices=("fp32", "bf16", "fp16"))
     xla: bool = _opt(False, "compile the forward/backward step with XLA (jit_compile)")
+    micro_batches: int = _opt(0, "slices each worker's batch goes through the forward/backward in, one at a time, "
+                                 "gradients summed before the one update (bounds the step's memory); 0: auto, 1 on "
+                                 "a GPU, on a CPU the fewest slices of at most 131072 samples (NVIDIA's per-GPU "
+                                 "batch)")
     intra_op_threads: int = _opt(0, "TF intra-op threads per worker (0: TF's default / TF_NUM_INTRAOP_THREADS)")
     inter_op_threads: int = _opt(0, "TF inter-op threads per worker (0: TF's default / TF_NUM_INTEROP_THREADS)")
     # run length and cadence
@@ -63,6 +67,8 @@ class NcfConfig:
         self.mlp_sizes = tuple(int(s) for s in self.mlp_sizes)
         if min(self.batch_size, self.epochs, self.topk, self.eval_every, self.users_per_eval_batch) < 1:
             raise ValueError("batch_size, epochs, topk, eval_every and users_per_eval_batch must be positive")
+        if self.micro_batches < 0:
+            raise ValueError(f"micro_batches must be >= 0 (0: auto), got {self.micro_batches}")
         if self.negatives < 0:
             raise ValueError(f"negatives must be >= 0, got {self.negatives}")
 

@@ -35,7 +35,7 @@ from models.ncf.model import NeuMF, NeuMFConfig, build_model
 from models.tfkit.cluster import WorkerContext, barrier, start_worker
 from models.tfkit.precision import precision_policy, wrap_optimizer
 from models.tfkit.run_state import RunState, TrainResult
-from models.tfkit.training import make_train_step
+from models.tfkit.training import make_train_step, micro_batches
 from tasks.core.progress import ProgressMeter, RankLog, format_duration
 from tasks.core.storage import write_text_atomic
 
@@ -123,7 +123,11 @@ def _evaluate(run: _Run, scorer) -> dict[str, float] | None:
 def _train_epochs(run: _Run) -> bool:
     """Run the remaining steps; True when stop_after_steps ended the run."""
     cfg, ctx = run.cfg, run.ctx
-    train_step = make_train_step(run.model, run.optimizer, ctx.strategy, cfg.batch_size, cfg.xla)
+    local = cfg.batch_size // ctx.workers
+    slices = micro_batches(cfg.micro_batches, local, on_gpu=bool(tf.config.list_logical_devices("GPU")))
+    if slices > 1:
+        run.log(f"each worker's batch of {local} goes through {slices} micro-batches (gradients summed)")
+    train_step = make_train_step(run.model, run.optimizer, ctx.strategy, cfg.batch_size, cfg.xla, slices)
     scorer = make_series_scorer(run.model, cfg.topk, cfg.xla) if ctx.is_chief else None
     meter = ProgressMeter(run.total_steps, run.step, cfg.batch_size)
     for epoch in range(run.step // run.steps_per_epoch, cfg.epochs):

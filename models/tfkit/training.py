@@ -10,12 +10,19 @@ import tensorflow as tf
 
 
 def make_train_step(model: keras.Model, optimizer: keras.optimizers.Optimizer, strategy: tf.distribute.Strategy,
-                    global_batch: int, jit_compile: bool = False):
+                    global_batch: int, jit_compile: bool = False, micro_batches: int = 1):
     """A @tf.function `train_step(inputs, labels, seed)`: each worker's replica computes sigmoid BCE with logits of
     `model(inputs, training=True, dropout_seed=seed)` on its share, scaled by the global batch; the optimizer sums
     the gradients across workers and applies them; the mean loss of the global batch comes back on every worker.
     With `jit_compile` the forward/backward is compiled; the cross-worker update stays outside (collectives are
-    not XLA ops on CPU)."""
+    not XLA ops on CPU).
+
+    With `micro_batches` k > 1 each worker's share goes through the forward/backward in k equal slices, one after
+    the other, their gradients summed before the one update: the same loss and update (the loss is a sum over
+    samples) with a working set of one slice, which is what bounds a large batch's memory on a CPU. Slice c > 0
+    draws its dropout masks from the step's seed offset by c (slice 0 keeps the seed, so k = 1 is unchanged)."""
+    if micro_batches < 1:
+        raise ValueError(f"micro_batches must be >= 1, got {micro_batches}")
     global_batch = float(global_batch)
 
     @tf.function(jit_compile=jit_compile, reduce_retracing=True)
@@ -28,9 +35,27 @@ def make_train_step(model: keras.Model, optimizer: keras.optimizers.Optimizer, s
         return loss, tape.gradient(scaled, model.trainable_variables)
 
     def replica_step(inputs: Any, labels: tf.Tensor, seed: tf.Tensor):
-        loss, gradients = loss_and_gradients(inputs, labels, seed)
+        if micro_batches == 1:
+            loss, gradients = loss_and_gradients(inputs, labels, seed)
+        else:
+            loss, gradients = sliced_loss_and_gradients(inputs, labels, seed)
         optimizer.apply_gradients(zip(gradients, model.trainable_variables))
         return loss
+
+    def sliced_loss_and_gradients(inputs: Any, labels: tf.Tensor, seed: tf.Tensor):
+        size = labels.shape[0] // micro_batches
+        if size * micro_batches != labels.shape[0]:
+            raise ValueError(f"a worker's batch of {labels.shape[0]} does not split into {micro_batches} micro-batches")
+        loss, gradients = None, None
+        for index in range(micro_batches):
+            part = slice(index * size, (index + 1) * size)
+            after = [] if gradients is None else [loss, *_dense_parts(gradients)]
+            with tf.control_dependencies(after):  # one slice's activations at a time, not k in parallel
+                piece, grads = loss_and_gradients(tf.nest.map_structure(lambda t: t[part], inputs), labels[part],
+                                                  seed + tf.constant([index * _SLICE_SEED_STRIDE, 0], tf.int64))
+            loss = piece if loss is None else loss + piece
+            gradients = grads if gradients is None else [_add(a, b) for a, b in zip(gradients, grads)]
+        return loss, gradients
 
     @tf.function(reduce_retracing=True)
     def train_step(inputs: Any, labels: tf.Tensor, seed: tf.Tensor):
@@ -38,3 +63,40 @@ def make_train_step(model: keras.Model, optimizer: keras.optimizers.Optimizer, s
         return strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)
 
     return train_step
+
+
+CPU_SLICE_SAMPLES = 1 << 17  # auto micro-batches on a CPU: at most NVIDIA's per-GPU NCF batch (2^20 over 8 GPUs)
+
+
+def micro_batches(requested: int, local_batch: int, on_gpu: bool) -> int:
+    """How many micro-batches a worker's batch goes through: `requested` when set (>= 1); 0 (auto): 1 on a GPU, on a
+    CPU the fewest even slices of at most CPU_SLICE_SAMPLES samples (a 2^20 batch on one CPU worker: 8)."""
+    if requested:
+        if local_batch % requested:
+            raise ValueError(f"a worker's batch of {local_batch} does not split into {requested} micro-batches")
+        return requested
+    if on_gpu or local_batch <= CPU_SLICE_SAMPLES:
+        return 1
+    return next(k for k in range(-(-local_batch // CPU_SLICE_SAMPLES), local_batch + 1) if local_batch % k == 0)
+
+
+_SLICE_SEED_STRIDE = 1_000_000_007  # micro-batch c's dropout seed: (seed + c x this, step)
+
+
+def _add(a: Any, b: Any) -> Any:
+    """Sum two gradients of one variable; embedding gradients (IndexedSlices) are concatenated, which the optimizer's
+    sparse update sums per row."""
+    if isinstance(a, tf.IndexedSlices) or isinstance(b, tf.IndexedSlices):
+        a, b = (g if isinstance(g, tf.IndexedSlices) else _as_slices(g) for g in (a, b))
+        return tf.IndexedSlices(tf.concat([a.values, b.values], 0), tf.concat([a.indices, b.indices], 0),
+                                a.dense_shape)
+    return a + b
+
+
+def _as_slices(dense: tf.Tensor) -> tf.IndexedSlices:
+    shape = tf.shape(dense, out_type=tf.int64)
+    return tf.IndexedSlices(dense, tf.range(shape[0]), shape)
+
+
+def _dense_parts(gradients: list[Any]) -> list[tf.Tensor]:
+    return [g.values if isinstance(g, tf.IndexedSlices) else g for g in gradients]
