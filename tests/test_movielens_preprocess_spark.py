@@ -252,6 +252,19 @@ def test_series_sampling_streams_and_does_not_depend_on_batching():
         run(two.to_batches())
 
 
+def test_frames_read_twice_stay_on_disk_in_a_local_run_and_in_memory_on_a_cluster(spark):
+    """A local run's one JVM heap is every task's: caching there squeezed the sorts out of a 2g heap at ml-20m."""
+    from types import SimpleNamespace
+
+    from pyspark import StorageLevel
+
+    from spark_jobs.common import reuse_level
+
+    assert reuse_level(spark) == StorageLevel.DISK_ONLY
+    cluster = SimpleNamespace(sparkContext=SimpleNamespace(master="spark://spark-master:7077"))
+    assert reuse_level(cluster) == StorageLevel.MEMORY_AND_DISK
+
+
 # ---- validation --------------------------------------------------------------------------------------------------
 
 def test_validate_dataset_accepts_the_output(dataset, unfiltered):

@@ -30,7 +30,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import asdict
 from pathlib import Path
 
-from spark_jobs.common import configure_logging, log, run_job, spark_session
+from spark_jobs.common import configure_logging, log, reuse_level, run_job, spark_session
 from tasks.byo.contract import TranscodeResult, check_bad_rows
 from tasks.byo.contract import parse_transcode_args as parse_args
 from tasks.byo.spec import (CATEGORICAL_CHANNEL, DELIMITER, FLOAT16_MAX, MAPPINGS, NUMERICAL_CHANNEL,
@@ -190,12 +190,10 @@ def main(argv: Sequence[str]) -> TranscodeResult:
     spark = spark_session("recflow byo transcode")
     label, numerical, categorical = column_names(spec)
     frames, lines, dropped, found = {}, {}, {}, {c: 0 for c in categorical}
-    from pyspark import StorageLevel
-
     for mapping in MAPPINGS:
         frame, lines[mapping] = mapping_frame(spark, spec, source_dir, mapping)
         # Parsed and joined once: the aggregate below and the write read the same rows (spilled to disk as needed).
-        frames[mapping] = frame.persist(StorageLevel.MEMORY_AND_DISK)
+        frames[mapping] = frame.persist(reuse_level(spark))
         dropped[mapping], ids = found_ids(frames[mapping], categorical)
         found = {c: max(found[c], ids[c]) for c in categorical}
         if lines[mapping] - dropped[mapping] == 0:

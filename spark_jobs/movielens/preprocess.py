@@ -61,7 +61,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from spark_jobs.common import configure_logging, log, run_job, spark_session
+from spark_jobs.common import configure_logging, log, reuse_level, run_job, spark_session
 from tasks.core.storage import Manifest, atomic_directory, write_manifest
 from tasks.formats.torch_tensor import ITEM, USER
 from tasks.movielens.schema import ITEM_ID, LINE, MIN_RATINGS_PER_USER, TIMESTAMP, USER_ID
@@ -307,7 +307,6 @@ def write_test(parquet_dir: Path, out: Path, users: int, negatives: int) -> int:
 # ---- main --------------------------------------------------------------------------------------------------------
 
 def main(argv: Sequence[str]) -> PreprocessResult:
-    from pyspark import StorageLevel
     from pyspark.sql import functions as F
 
     from tasks.formats.torch_tensor import write_feature_spec
@@ -318,14 +317,14 @@ def main(argv: Sequence[str]) -> PreprocessResult:
     spark = spark_session("recflow movielens preprocess")
     ratings = spark.read.parquet(args.ratings).select(LINE, USER_ID, ITEM_ID, TIMESTAMP)
     rows_in = ratings.count()
-    filtered = filter_min_ratings(ratings, args.min_ratings).persist(StorageLevel.DISK_ONLY)
+    filtered = filter_min_ratings(ratings, args.min_ratings).persist(reuse_level(spark))
     rows_kept = filtered.count()
     log.info("%d ratings read, %d kept by min_ratings=%d", rows_in, rows_kept, args.min_ratings)
     if rows_kept == 0:
         raise ValueError(f"no ratings left: {rows_in} rows read, none from a user with >= {args.min_ratings} ratings")
     user_ids, users = factorize(spark, filtered, USER_ID, USER)
     item_ids, items = factorize(spark, filtered, ITEM_ID, ITEM)
-    pairs = first_interactions(filtered, users, items).persist(StorageLevel.DISK_ONLY)
+    pairs = first_interactions(filtered, users, items).persist(reuse_level(spark))
     counts = pairs.agg(F.count("*").alias("pairs"), F.max(USER).alias("user"), F.max(ITEM).alias("item")).first()
     n_pairs, n_users, n_items = int(counts["pairs"]), int(counts["user"]) + 1, int(counts["item"]) + 1
     if (n_users, n_items) != (len(user_ids), len(item_ids)):

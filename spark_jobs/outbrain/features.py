@@ -54,7 +54,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from spark_jobs.common import configure_logging, log, run_job, spark_session
+from spark_jobs.common import configure_logging, log, reuse_level, run_job, spark_session
 from tasks.core.config import REPO_ROOT
 from tasks.outbrain.contract import (CTR_THRESHOLDS, DISPLAY_ID, HASH_BUCKET_SIZES, LABEL, MULTIHOT_COLUMNS,
                                      NUMERIC_COLUMNS, ONEHOT_COLUMNS, PARQUET_DIR, RAW_AD_ID, STATS_DIR, STATS_FILE,
@@ -144,9 +144,7 @@ def fit_numeric_stats(spark, params: Mapping[str, Any]) -> dict[str, dict[str, f
 def build_views(spark, params: Mapping[str, Any], stats_dir: Path, fit: bool) -> dict[str, dict[str, Any]]:
     """Register every view up to `features_unscaled`; in fit mode write the train-fitted tables to stats_dir first
     (and read them back, so both modes run on the same files). Returns the numeric statistics."""
-    from pyspark import StorageLevel
-
-    run_view(spark, "joined", params).persist(StorageLevel.MEMORY_AND_DISK)
+    run_view(spark, "joined", params).persist(reuse_level(spark))
     run_view(spark, "document_terms", params)
     if fit:
         run_view(spark, CTR_COUNTS, params).write.parquet(str(stats_dir / CTR_COUNTS))
@@ -155,7 +153,7 @@ def build_views(spark, params: Mapping[str, Any], stats_dir: Path, fit: bool) ->
         spark.read.parquet(str(stats_dir / name)).createOrReplaceTempView(name)
     for name in ("document_vectors", "similarity", "document_lists"):
         run_view(spark, name, params)
-    run_view(spark, "features_unscaled", params).persist(StorageLevel.MEMORY_AND_DISK)
+    run_view(spark, "features_unscaled", params).persist(reuse_level(spark))
     if fit:
         numeric = fit_numeric_stats(spark, params)
         (stats_dir / NUMERIC_STATS).write_text(json.dumps(numeric, indent=2, sort_keys=True) + "\n")
