@@ -100,7 +100,8 @@ def test_local_source_is_hard_linked_when_allowed_and_hashed_once(tmp_path: Path
     data = _payload()
     src = tmp_path / "src.bin"
     src.write_bytes(data)
-    result = download(src.as_uri(), out / "a", link_local=True, expected_sha256=_sha(data), allowed_file_roots=[tmp_path])
+    result = download(src.as_uri(), out / "a", link_local=True, expected_sha256=_sha(data),
+                      allowed_file_roots=[tmp_path])
     assert os.stat(out / "a").st_ino == os.stat(src).st_ino  # no bytes copied
     assert (result.bytes, result.sha256, result.cached) == (len(data), _sha(data), False)
     sidecar = json.loads((out / "a.download.json").read_text())
@@ -133,7 +134,8 @@ def test_a_linked_source_with_the_wrong_checksum_leaves_nothing(tmp_path: Path, 
     src = tmp_path / "src.bin"
     src.write_bytes(_payload())
     with pytest.raises(ChecksumMismatch):
-        download(src.as_uri(), out / "a", link_local=True, expected_sha256="0" * 64, allowed_file_roots=[tmp_path])
+        download(src.as_uri(), out / "a", link_local=True, expected_sha256="0" * 64,
+                 allowed_file_roots=[tmp_path])
     assert _leftovers(out) == [] and src.read_bytes() == _payload()
 
 

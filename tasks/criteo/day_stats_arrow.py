@@ -10,11 +10,11 @@ The output is the dataset spark_jobs/criteo/day_stats.py writes, field for field
                                one row per (column, value) seen; missing values are not counted.
   _MANIFEST.json               kind criteo_day_stats, rows.good, extra.day / distinct_values / engine = "arrow".
 
-Memory is bounded by one row group (the typed blocks it is written from), whatever the day's size. A categorical value is 8 lowercase hex characters, so a
-(column, value) pair is one uint64 key, column << 32 | int(value, 16). Each block's keys are counted with numpy; the
-(key, count) pairs pile up to a bounded buffer, which is then combined and spilled, split by a hash of the key into
-bucket files inside the output's temporary directory. At the end each bucket is combined on its own (one bucket in
-memory at a time) and appended to the counts file.
+Memory is bounded by one row group (the typed blocks it is written from), whatever the day's size. A categorical
+value is 8 lowercase hex characters, so a (column, value) pair is one uint64 key, column << 32 | int(value, 16).
+Each block's keys are counted with numpy; the (key, count) pairs pile up to a bounded buffer, which is then combined
+and spilled, split by a hash of the key into bucket files inside the output's temporary directory. At the end each
+bucket is combined on its own (one bucket in memory at a time) and appended to the counts file.
 """
 
 from __future__ import annotations
