@@ -143,12 +143,6 @@ def numbered(typed: TypedRows, first_row: int) -> pa.Table:
     return pa.Table.from_arrays([*typed.arrays, row_order], schema=COLUMNAR_SCHEMA)
 
 
-def typed_block(good: pa.Table, first_row: int) -> tuple[pa.Table, np.ndarray]:
-    """The good rows typed and numbered from `first_row`, and the (column, value) keys of their categoricals."""
-    typed = type_rows(good)
-    return numbered(typed, first_row), typed.keys
-
-
 # ---- exact counts in bounded memory --------------------------------------------------------------------------------
 
 
