@@ -154,9 +154,10 @@ def test_a_source_that_cannot_be_linked_is_copied(tmp_path: Path, out: Path, mon
     assert vouched_sha256(out / "a") == _sha(data)
 
 
-def test_missing_file_is_source_not_found(tmp_path: Path, out: Path) -> None:
+@pytest.mark.parametrize("link_local", [False, True])
+def test_missing_file_is_source_not_found(tmp_path: Path, out: Path, link_local: bool) -> None:
     with pytest.raises(SourceNotFound, match="src.bin"):
-        download((tmp_path / "src.bin").as_uri(), out / "day_0", allowed_file_roots=[tmp_path])
+        download((tmp_path / "src.bin").as_uri(), out / "day_0", allowed_file_roots=[tmp_path], link_local=link_local)
     assert _leftovers(out) == []
 
 

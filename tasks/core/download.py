@@ -133,8 +133,8 @@ def download(
                                     seconds=time.monotonic() - started)
             record = _sidecar_record(result, decompress) | {"linked_ctime_ns": linked.ctime_ns}
             write_text_atomic(sidecar, json.dumps(record, indent=2, sort_keys=True))
-            log.info("linked %s -> %s: %d bytes, sha256 %s, %.1f s", source.shown, destination, result.bytes,
-                     result.sha256, result.seconds)
+            log.info("downloaded %s -> %s as a hard link: %d bytes, sha256 %s, %.1f s", source.shown, destination,
+                     result.bytes, result.sha256, result.seconds)
             return result
     part_path = destination.with_name(destination.name + ".part")
     open_at = _opener(source, s3_client, chunk_bytes, timeout_s, limits.deadline, allowed_prefixes)
@@ -338,7 +338,12 @@ def _link_local(source: Path, destination: Path, shown: str, expected: str | Non
     """Hard-link `source` to `destination` through a temporary name, hashing it once; None when it cannot be linked
     (the caller copies instead). The inode must not change while it is hashed (a source still being written is
     copied instead, as the copy path would hash what it copies)."""
-    size = source.stat().st_size
+    try:
+        size = source.stat().st_size
+    except FileNotFoundError:
+        raise SourceNotFound(f"source file not found: {source}") from None
+    except OSError:
+        return None  # the copy opens it and says why it cannot
     if size > max_bytes:
         raise DownloadTooLarge(f"{shown} holds {size} bytes, more than the {max_bytes} one download may fetch "
                                "(set RECFLOW_DOWNLOAD_MAX_BYTES to allow more)")
