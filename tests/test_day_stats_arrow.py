@@ -2,7 +2,7 @@
 value counts in the pass that checks its rows. No Spark here; tests/test_day_stats_spark.py compares the two engines.
 
 Each test builds a small synthetic day (a few thousand rows) and validates it with a small block size, so a day is
-many blocks and the streaming paths (row group per block, part files, spilled counts) are exercised.
+many blocks and the streaming paths (row groups of blocks, part files, spilled counts) are exercised.
 """
 
 from __future__ import annotations
@@ -141,13 +141,20 @@ def test_validation_writes_typed_columnar_copy_in_file_order(validated):
     assert pq.read_schema(stats / "counts" / "part-00000.parquet").remove_metadata() == COUNTS_SCHEMA
 
 
-def test_columnar_copy_streams_block_by_block(validated):
-    """One row group per validation block: memory is one block, never the day."""
-    parts = sorted((validated["stats"] / "columnar").glob("*.parquet"))
-    groups = [pq.ParquetFile(p).metadata.num_row_groups for p in parts]
-    assert sum(groups) > 10
-    assert max(pq.ParquetFile(p).metadata.row_group(i).num_rows for p in parts for i in range(
-        pq.ParquetFile(p).metadata.num_row_groups)) < 200
+def row_group_rows(stats: Path) -> list[int]:
+    files = [pq.ParquetFile(p) for p in sorted((stats / "columnar").glob("*.parquet"))]
+    return [f.metadata.row_group(i).num_rows for f in files for i in range(f.metadata.num_row_groups)]
+
+
+def test_columnar_copy_streams_whole_blocks_into_bounded_row_groups(validated, tmp_path):
+    """Row groups of whole validation blocks, cut at row_group_rows: memory is one row group, never the day; a
+    day smaller than one row group is one row group."""
+    assert row_group_rows(validated["stats"]) == [ROWS - len(BAD_LINES)]
+    target = StatsTarget(tmp_path / "stats", DAY, {"x": 1})
+    write_day_stats(validated["raw"], target, block_bytes=BLOCK_BYTES, row_group_rows=300)
+    rows = row_group_rows(target.path)
+    assert len(rows) > 5 and all(300 <= n < 300 + 200 for n in rows[:-1]) and sum(rows) == ROWS - len(BAD_LINES)
+    assert stats_content(target.path) == stats_content(validated["stats"])
 
 
 def test_stats_manifest_is_what_day_stats_expects(validated, monkeypatch):
@@ -170,10 +177,10 @@ def test_stats_manifest_is_what_day_stats_expects(validated, monkeypatch):
         name: len({v for (c, v) in expected_counts(good_lines(raw)) if c == i}) for i, name in enumerate(CAT_COLUMNS)}
 
 
-def test_parts_roll_over_every_few_blocks(validated, tmp_path):
+def test_parts_roll_over_every_few_row_groups(validated, tmp_path):
     target = StatsTarget(tmp_path / "stats", DAY, {"x": 1})
-    write_day_stats(validated["raw"], target, block_bytes=BLOCK_BYTES, blocks_per_part=4, spill_buffer_pairs=5_000,
-                    spill_buckets=4)
+    write_day_stats(validated["raw"], target, block_bytes=BLOCK_BYTES, row_group_rows=100, row_groups_per_part=4,
+                    spill_buffer_pairs=5_000, spill_buckets=4)
     assert len(list((target.path / "columnar").glob("*.parquet"))) > 3
     assert stats_content(target.path) == stats_content(validated["stats"])  # spilled counts: the same
 
@@ -274,18 +281,26 @@ def test_stats_are_published_before_the_validation_manifest(tmp_path, monkeypatc
     assert completed_manifest(stats, criteo_ingest.stats_inputs(validation["inputs_fingerprint"], raw))
 
 
+def small_row_groups(init):
+    """DayStatsWriter.__init__ with row groups of ~100 rows, so a small day's parquet is being written mid-day."""
+    def with_small_row_groups(self, directory, **options):
+        init(self, directory, **{"row_group_rows": 100, **options})
+    return with_small_row_groups
+
+
 def test_an_error_mid_write_leaves_nothing(tmp_path, monkeypatch):
     from tasks.criteo.day_stats_arrow import DayStatsWriter
 
     write_day(tmp_path)
     real = DayStatsWriter.add
 
-    def fail_on_fifth_block(self, good):
+    def fail_on_fifth_block(self, good, typed=None):
         if self.blocks == 5:
             raise MemoryError("out of memory in block 6")
-        real(self, good)
+        real(self, good, typed)
 
     monkeypatch.setattr(DayStatsWriter, "add", fail_on_fifth_block)
+    monkeypatch.setattr(DayStatsWriter, "__init__", small_row_groups(DayStatsWriter.__init__))
     with pytest.raises(MemoryError):
         criteo_ingest.validate_day(settings_for(tmp_path), DAY)
     assert not criteo_layout.stats_day(tmp_path, DAY).exists()
@@ -300,11 +315,13 @@ from tasks.core.config import Settings
 from tasks.criteo import ingest
 from tasks.criteo.day_stats_arrow import DayStatsWriter
 
-real = DayStatsWriter.add
-def add(self, good):
+real, real_init = DayStatsWriter.add, DayStatsWriter.__init__
+DayStatsWriter.__init__ = lambda self, directory, **options: real_init(self, directory, **{"row_group_rows": 100,
+                                                                                        **options})
+def add(self, good, typed=None):
     if self.blocks == 8:  # columnar parts and spilled counts half written
         os.kill(os.getpid(), signal.SIGKILL)
-    real(self, good)
+    real(self, good, typed)
 DayStatsWriter.add = add
 ingest.validate_day(Settings(data_root=Path(sys.argv[1]), bad_row_budget=0.01, validation_block_bytes=int(sys.argv[2])),
                     0)

@@ -15,7 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from tasks.core.download import ChecksumMismatch, DownloadError, SourceNotFound, download, s3_client_from_connection
+from tasks.core.download import (
+    ChecksumMismatch, DownloadError, SourceNotFound, download, s3_client_from_connection, vouched_sha256,
+)
 from tests.conftest import REPO
 from tests.http_range_server import etag_of
 from tests.servers import free_port
@@ -94,9 +96,68 @@ def test_file_url_and_plain_path_are_copied_with_sidecar(tmp_path: Path, out: Pa
     assert _leftovers(out) == ["a", "a.download.json", "b", "b.download.json"]
 
 
-def test_missing_file_is_source_not_found(tmp_path: Path, out: Path) -> None:
+def test_local_source_is_hard_linked_when_allowed_and_hashed_once(tmp_path: Path, out: Path) -> None:
+    data = _payload()
+    src = tmp_path / "src.bin"
+    src.write_bytes(data)
+    result = download(src.as_uri(), out / "a", link_local=True, expected_sha256=_sha(data),
+                      allowed_file_roots=[tmp_path])
+    assert os.stat(out / "a").st_ino == os.stat(src).st_ino  # no bytes copied
+    assert (result.bytes, result.sha256, result.cached) == (len(data), _sha(data), False)
+    sidecar = json.loads((out / "a.download.json").read_text())
+    assert sidecar["sha256"] == _sha(data) and sidecar["linked_ctime_ns"] == os.stat(out / "a").st_ctime_ns
+    assert vouched_sha256(out / "a") == _sha(data)
+    again = download(src.as_uri(), out / "a", link_local=True, allowed_file_roots=[tmp_path])
+    assert again.cached and _leftovers(out) == ["a", "a.download.json"]
+    copied = download(src.as_uri(), out / "b", allowed_file_roots=[tmp_path])  # without link_local: a copy
+    assert os.stat(out / "b").st_ino != os.stat(src).st_ino and copied.sha256 == _sha(data)
+
+
+def test_a_linked_source_written_in_place_no_longer_vouches_for_its_checksum(tmp_path: Path, out: Path) -> None:
+    """A write into the source changes the linked bytes: the recorded sha256 is then no longer trusted (the caller
+    hashes again) and the next download fetches again instead of returning the stale record."""
+    data = _payload()
+    src = tmp_path / "src.bin"
+    src.write_bytes(data)
+    download(src.as_uri(), out / "a", link_local=True, allowed_file_roots=[tmp_path])
+    time.sleep(0.01)  # a distinct ctime even on a coarse clock
+    with open(src, "r+b") as f:  # same size, same inode: only the ctime tells
+        f.write(b"X")
+    assert (out / "a").read_bytes()[:1] == b"X"
+    assert vouched_sha256(out / "a") is None
+    changed = b"X" + data[1:]
+    result = download(src.as_uri(), out / "a", link_local=True, allowed_file_roots=[tmp_path])
+    assert not result.cached and result.sha256 == _sha(changed) and vouched_sha256(out / "a") == _sha(changed)
+
+
+def test_a_linked_source_with_the_wrong_checksum_leaves_nothing(tmp_path: Path, out: Path) -> None:
+    src = tmp_path / "src.bin"
+    src.write_bytes(_payload())
+    with pytest.raises(ChecksumMismatch):
+        download(src.as_uri(), out / "a", link_local=True, expected_sha256="0" * 64,
+                 allowed_file_roots=[tmp_path])
+    assert _leftovers(out) == [] and src.read_bytes() == _payload()
+
+
+def test_a_source_that_cannot_be_linked_is_copied(tmp_path: Path, out: Path, monkeypatch) -> None:
+    data = _payload()
+    src = tmp_path / "src.bin"
+    src.write_bytes(data)
+
+    def cross_device(*args, **kwargs):
+        raise OSError(18, "Invalid cross-device link")
+
+    monkeypatch.setattr("tasks.core.download.os.link", cross_device)
+    result = download(src.as_uri(), out / "a", link_local=True, allowed_file_roots=[tmp_path])
+    assert os.stat(out / "a").st_ino != os.stat(src).st_ino and result.sha256 == _sha(data)
+    assert "linked_ctime_ns" not in json.loads((out / "a.download.json").read_text())
+    assert vouched_sha256(out / "a") == _sha(data)
+
+
+@pytest.mark.parametrize("link_local", [False, True])
+def test_missing_file_is_source_not_found(tmp_path: Path, out: Path, link_local: bool) -> None:
     with pytest.raises(SourceNotFound, match="src.bin"):
-        download((tmp_path / "src.bin").as_uri(), out / "day_0", allowed_file_roots=[tmp_path])
+        download((tmp_path / "src.bin").as_uri(), out / "day_0", allowed_file_roots=[tmp_path], link_local=link_local)
     assert _leftovers(out) == []
 
 

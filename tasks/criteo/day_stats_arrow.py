@@ -2,17 +2,19 @@
 
 The output is the dataset spark_jobs/criteo/day_stats.py writes, field for field (type and nullability):
   columnar/part-NNNNN.parquet  label int8, int_* int64, cat_* string (empty -> null), row_order int64 not null =
-                               the good row's dense index in file order (0..good-1). One row group per validation
-                               block; a new part file every `blocks_per_part` blocks.
+                               the good row's dense index in file order (0..good-1). Row groups of whole validation
+                               blocks, cut once they hold `row_group_rows` rows (~64 MiB of TSV: one row group is one
+                               pass-1 job of the arrow preprocess, whatever the validation block); a new part file every
+                               `row_groups_per_part` row groups.
   counts/part-00000.parquet    column int32 not null (categorical index 0..25), value string, count int64 not null;
                                one row per (column, value) seen; missing values are not counted.
   _MANIFEST.json               kind criteo_day_stats, rows.good, extra.day / distinct_values / engine = "arrow".
 
-Memory is bounded by one block, whatever the day's size. A categorical value is 8 lowercase hex characters, so a
-(column, value) pair is one uint64 key, column << 32 | int(value, 16). Each block's keys are counted with numpy; the
-(key, count) pairs pile up to a bounded buffer, which is then combined and spilled, split by a hash of the key into
-bucket files inside the output's temporary directory. At the end each bucket is combined on its own (one bucket in
-memory at a time) and appended to the counts file.
+Memory is bounded by one row group (the typed blocks it is written from), whatever the day's size. A categorical
+value is 8 lowercase hex characters, so a (column, value) pair is one uint64 key, column << 32 | int(value, 16).
+Each block's keys are counted with numpy; the (key, count) pairs pile up to a bounded buffer, which is then combined
+and spilled, split by a hash of the key into bucket files inside the output's temporary directory. At the end each
+bucket is combined on its own (one bucket in memory at a time) and appended to the counts file.
 """
 
 from __future__ import annotations
@@ -41,7 +43,8 @@ from tasks.criteo.schema import CAT_COLUMNS, INT_COLUMNS, LABEL
 log = logging.getLogger(__name__)
 
 ENGINE = "arrow"
-BLOCKS_PER_PART = 16          # 64 MiB TSV blocks: parts of ~300 MB of parquet
+ROW_GROUP_ROWS = 1 << 18      # ~60 MiB of TSV, what one 64 MiB validation block held before blocks were 16 MiB
+ROW_GROUPS_PER_PART = 16      # parts of ~300 MB of parquet
 SPILL_BUFFER_PAIRS = 1 << 23  # (key, count) pairs held before a spill: 8Mi x 16 bytes = 128 MiB
 SPILL_BUCKETS = 256           # a real day's spill (~10-20 GB) is combined 1/256 at a time
 COUNTS_ROW_GROUP = 1 << 20
@@ -58,6 +61,10 @@ COLUMNAR_SCHEMA = pa.schema(
     + [pa.field(name, pa.string()) for name in CAT_COLUMNS]
     + [pa.field(ROW_ORDER, pa.int64(), nullable=False)]
 )
+# Min/max statistics only where a reader can use them (row_order: the test day's split by row_order range, ints):
+# of 8-hex-character categoricals they prune nothing, and computing them is ~20% of the columnar write (0.2 s of CPU
+# per 1M rows, issue #27 round 4).
+COLUMNAR_STATISTICS = [LABEL, *INT_COLUMNS, ROW_ORDER]
 COUNTS_SCHEMA = pa.schema([pa.field("column", pa.int32(), nullable=False), pa.field("value", pa.string()),
                            pa.field("count", pa.int64(), nullable=False)])
 
@@ -99,9 +106,18 @@ def hex_strings(values: np.ndarray) -> pa.Array:
     return pa.Array.from_buffers(pa.string(), len(values), [None, pa.py_buffer(offsets), pa.py_buffer(chars)])
 
 
-def typed_block(good: pa.Table, first_row: int) -> tuple[pa.Table, np.ndarray]:
-    """The good rows (40 binary columns, as check_block keeps them) typed as the Spark job types them, numbered from
-    `first_row`; and the (column, value) keys of their categoricals."""
+@dataclass(frozen=True)
+class TypedRows:
+    """One block's good rows typed as the Spark job types them, row_order not yet added (it needs the rows before)."""
+
+    arrays: list[pa.Array]  # COLUMNAR_SCHEMA's columns but row_order
+    keys: np.ndarray        # the (column, value) keys of their categoricals
+    num_rows: int
+
+
+def type_rows(good: pa.Table) -> TypedRows:
+    """The good rows (40 binary columns, as check_block keeps them) typed, and their categoricals' keys. A pure
+    function of the block: checked_blocks runs it in its helper thread, beside the writer's parquet and counts."""
     arrays: list[pa.Array] = []
     offsets, data = binary_parts(good.column(LABEL))
     if len(data) != good.num_rows:
@@ -118,8 +134,13 @@ def typed_block(good: pa.Table, first_row: int) -> tuple[pa.Table, np.ndarray]:
             raise ValueError(f"{name} holds values that are not 8 characters; the rows were not validated")
         arrays.append(strings)
         keys.append(hex_keys(data, index))
-    arrays.append(pa.array(np.arange(first_row, first_row + good.num_rows, dtype=np.int64)))
-    return pa.Table.from_arrays(arrays, schema=COLUMNAR_SCHEMA), np.concatenate(keys)
+    return TypedRows(arrays, np.concatenate(keys), good.num_rows)
+
+
+def numbered(typed: TypedRows, first_row: int) -> pa.Table:
+    """The typed rows as a COLUMNAR_SCHEMA table, row_order numbered from `first_row`."""
+    row_order = pa.array(np.arange(first_row, first_row + typed.num_rows, dtype=np.int64))
+    return pa.Table.from_arrays([*typed.arrays, row_order], schema=COLUMNAR_SCHEMA)
 
 
 # ---- exact counts in bounded memory --------------------------------------------------------------------------------
@@ -204,30 +225,46 @@ class KeyCounter:
 class DayStatsWriter:
     """Streams blocks of good rows into columnar/ and the counts; finish() writes counts/ and the manifest."""
 
-    def __init__(self, directory: Path, *, blocks_per_part: int = BLOCKS_PER_PART,
-                 spill_buffer_pairs: int = SPILL_BUFFER_PAIRS, spill_buckets: int = SPILL_BUCKETS):
-        self.directory, self.blocks_per_part = directory, blocks_per_part
+    def __init__(self, directory: Path, *, row_group_rows: int = ROW_GROUP_ROWS,
+                 row_groups_per_part: int = ROW_GROUPS_PER_PART, spill_buffer_pairs: int = SPILL_BUFFER_PAIRS,
+                 spill_buckets: int = SPILL_BUCKETS):
+        self.directory, self.row_group_rows, self.row_groups_per_part = directory, row_group_rows, row_groups_per_part
         (directory / COLUMNAR).mkdir()
         self.counter = KeyCounter(directory / SPILL_DIR, buffer_pairs=spill_buffer_pairs, buckets=spill_buckets)
-        self.rows = self.blocks = self.parts = 0
+        self.rows = self.blocks = self.parts = self.row_groups = 0
         self.finished = False
         self._part: pq.ParquetWriter | None = None
+        self._pending: list[pa.Table] = []  # typed blocks of the next row group
+        self._pending_rows = 0
         self._started = time.monotonic()
 
-    def add(self, good: pa.Table) -> None:
-        """Append one block's good rows (binary columns, file order) to the day."""
+    def add(self, good: pa.Table, typed: TypedRows | None = None) -> None:
+        """Append one block's good rows (binary columns, file order) to the day. typed: type_rows(good), when a
+        helper thread has already computed it (checked_blocks' `prepare`)."""
         if good.num_rows == 0:
             return
-        table, keys = typed_block(good, self.rows)
-        if self._part is None or self.blocks % self.blocks_per_part == 0:
-            self._close_part()
-            self._part = pq.ParquetWriter(self.directory / COLUMNAR / f"part-{self.parts:05d}.parquet",
-                                          COLUMNAR_SCHEMA, compression="snappy")
-            self.parts += 1
-        self._part.write_table(table, row_group_size=max(table.num_rows, 1))
+        typed = typed or type_rows(good)
+        table, keys = numbered(typed, self.rows), typed.keys
+        self._pending.append(table)
+        self._pending_rows += table.num_rows
+        if self._pending_rows >= self.row_group_rows:
+            self._write_row_group()
         self.counter.add(keys)
         self.rows += table.num_rows
         self.blocks += 1
+
+    def _write_row_group(self) -> None:
+        """The pending blocks as one row group (the parquet writer keeps each block's arrays: no copy)."""
+        if not self._pending:
+            return
+        if self._part is None or self.row_groups % self.row_groups_per_part == 0:
+            self._close_part()
+            self._part = pq.ParquetWriter(self.directory / COLUMNAR / f"part-{self.parts:05d}.parquet",
+                                          COLUMNAR_SCHEMA, compression="snappy", write_statistics=COLUMNAR_STATISTICS)
+            self.parts += 1
+        self._part.write_table(pa.concat_tables(self._pending), row_group_size=self._pending_rows)
+        self._pending, self._pending_rows = [], 0
+        self.row_groups += 1
 
     def _close_part(self) -> None:
         if self._part is not None:
@@ -235,10 +272,13 @@ class DayStatsWriter:
             self._part = None
 
     def close(self) -> None:
+        """Close the open part file; pending blocks are dropped (only finish() writes the last row group)."""
+        self._pending, self._pending_rows = [], 0
         self._close_part()
 
     def finish(self, target: StatsTarget) -> Manifest:
         """Close the columnar copy, write counts/ and the manifest: the output is then complete (not yet published)."""
+        self._write_row_group()
         self._close_part()
         if self.parts == 0:  # a day without good rows still has a readable (empty) columnar copy
             pq.write_table(COLUMNAR_SCHEMA.empty_table(), self.directory / COLUMNAR / "part-00000.parquet")
@@ -295,9 +335,9 @@ def write_day_stats(raw: Path, target: StatsTarget, *, block_bytes: int = 64 << 
                            every_s=10.0, logger=log)
     done = 0
     with day_stats_output(target, **writer_options) as writer:
-        for block, skipped, result in checked_blocks(raw, block_bytes, keep_good=True):
+        for block, skipped, result in checked_blocks(raw, block_bytes, keep_good=True, prepare=type_rows):
             if result is not None and result.good_rows is not None:
-                writer.add(result.good_rows)
+                writer.add(result.good_rows, result.prepared)
             done += len(block) + sum(len(bad.text) for bad in skipped)
             progress.report(done, note=f"{writer.rows} good rows")
         manifest = writer.finish(target)

@@ -60,7 +60,7 @@ def download_day(settings: Settings, day: int, *, expected_sha256: str | None = 
     s3_client = s3_client_from_connection(aws_conn_id, settings.allowed_conn_ids) if url.startswith("s3://") else None
     with day_lock(settings, day):
         result = download(url, layout.raw_day(settings.data_root, day), expected_sha256=expected_sha256,
-                          s3_client=s3_client, **allowed)
+                          s3_client=s3_client, link_local=True, **allowed)
     log.info("day %d: %s (%d bytes, sha256 %s)%s", day, result.path, result.bytes, result.sha256[:12],
              " [cached]" if result.cached else "")
     return {"day": day, "path": result.path, "bytes": result.bytes, "sha256": result.sha256,
@@ -68,14 +68,13 @@ def download_day(settings: Settings, day: int, *, expected_sha256: str | None = 
 
 
 def raw_identity(path: Path) -> dict[str, Any]:
-    """What identifies a raw day: the checksum the download recorded (no re-hash of a 50 GB file)."""
+    """What identifies a raw day: the checksum the download recorded (no re-hash of a 50 GB file) while it still
+    vouches for the file (a hard-linked day whose source was written since is hashed again: vouched_sha256)."""
+    from tasks.core.download import vouched_sha256
+
     if not path.is_file():
         raise StepInputMissing(f"raw day file {path} is missing: run download first")
-    sidecar = path.with_name(path.name + ".download.json")
-    if sidecar.is_file():
-        recorded = json.loads(sidecar.read_text())
-        return {"file": path.name, "sha256": recorded.get("sha256"), "bytes": path.stat().st_size}
-    return {"file": path.name, "sha256": file_sha256(path), "bytes": path.stat().st_size}
+    return {"file": path.name, "sha256": vouched_sha256(path) or file_sha256(path), "bytes": path.stat().st_size}
 
 
 def day_stats_engine(engine: str | None, spark_master: str | None = "local[*]", spark_profile: str = "local") -> str:

@@ -4,16 +4,17 @@ A day file is read in byte blocks cut at line ends. Per block, pyarrow parses th
 numpy checks each field against the schema's rules (tasks/criteo/raw_fields.py); only a block that pyarrow cannot
 parse line for line (a line of another field count, a carriage return) has its tabs counted per line by numpy, to
 find and drop those lines first. Bad rows come back with their line number, the first offending field and the byte
-column where it starts, so the task log can say exactly where a day went wrong. Memory is one block (64 MiB by
+column where it starts, so the task log can say exactly where a day went wrong. Memory is one block (16 MiB by
 default; checked_blocks holds up to three), whatever the day's size.
 """
 
 from __future__ import annotations
 
 import io
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -43,6 +44,7 @@ class BlockResult:
     lines: int
     good_rows: object  # pyarrow.Table of the good rows (binary columns), or None when not requested
     bad_rows: list[BadRow]
+    prepared: object = None  # checked_blocks' prepare(good_rows), when asked
 
 
 def _field_rules() -> list[tuple[str, str, bool]]:
@@ -97,16 +99,23 @@ def iter_line_blocks(path: Path, block_bytes: int, max_line_bytes: int | None = 
         yield line_no, carry, []
 
 
-def checked_blocks(path: Path, block_bytes: int, keep_good: bool = False, max_line_bytes: int | None = None
+def checked_blocks(path: Path, block_bytes: int, keep_good: bool = False, max_line_bytes: int | None = None,
+                   prepare: Callable[[Any], Any] | None = None
                    ) -> Iterator[tuple[bytes, list[BadRow], BlockResult | None]]:
     """(block, over-long lines skipped before it, check_block's result or None for an empty block) for each block of
     iter_line_blocks (max_line_bytes as there), in file order. The next block is checked in a helper thread while the caller handles this
     one (pyarrow's parse and numpy's checks release the GIL): a day's validation keeps two cores busy, e.g. the
-    last day of a backfill that runs alone. Memory: up to three blocks (one read, one checked, one handled)."""
+    last day of a backfill that runs alone. Memory: up to three blocks (one read, one checked, one handled).
+    prepare: a function of a block's good rows (keep_good) also run in the helper thread, in file order, its result
+    in BlockResult.prepared: work of the caller's that is a pure function of the block (e.g. typing the columns)
+    moves off the thread that handles the blocks."""
     from concurrent.futures import ThreadPoolExecutor
 
     def check(first_line: int, block: bytes, skipped: list[BadRow]):
-        return block, skipped, check_block(block, first_line, keep_good) if block else None
+        result = check_block(block, first_line, keep_good) if block else None
+        if prepare is not None and result is not None and result.good_rows is not None:
+            result.prepared = prepare(result.good_rows)
+        return block, skipped, result
 
     with ThreadPoolExecutor(1, thread_name_prefix="check-block") as pool:
         pending = None

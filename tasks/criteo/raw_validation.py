@@ -82,9 +82,10 @@ def validate_raw_file(raw: Path, out: Path, *, inputs: dict[str, Any], budget: f
     evidence_bad: list[bytes] = []
     with atomic_directory(out) as tmp:
         with open(tmp / "quarantine.jsonl", "w") as quarantine, _stats_writer(stats) as stats_writer:
-            for block, skipped, result in checked_blocks(raw, block_bytes, keep_good=stats_writer is not None):
+            for block, skipped, result in checked_blocks(raw, block_bytes, keep_good=stats_writer is not None,
+                                                         prepare=_stats_typing(stats_writer)):
                 if stats_writer is not None and result is not None and result.good_rows is not None:
-                    stats_writer.add(result.good_rows)
+                    stats_writer.add(result.good_rows, result.prepared)
                 bad_rows = skipped + (result.bad_rows if result else [])
                 total += len(skipped) + (result.lines if result else 0)
                 bytes_done += len(block) + sum(len(b.text) for b in skipped)
@@ -116,6 +117,15 @@ def validate_raw_file(raw: Path, out: Path, *, inputs: dict[str, Any], budget: f
     if not passed:
         raise DataQualityError(_failure_line(raw, out, summary, budget))
     return summary
+
+
+def _stats_typing(stats_writer: Any):
+    """The day stats' typing of a block (run in checked_blocks' helper thread), when the stats are written."""
+    if stats_writer is None:
+        return None
+    from tasks.criteo.day_stats_arrow import type_rows
+
+    return type_rows
 
 
 def _stats_writer(stats: StatsTarget | None):
