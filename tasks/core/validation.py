@@ -45,6 +45,27 @@ class BadRowLike(Protocol):
     def describe(self, file_name: str) -> str: ...
 
 
+@dataclass(frozen=True)
+class BadField:
+    """A bad row of a delimited text file, as a validation reports it (a BadRowLike)."""
+
+    line: int                # 1-based line number in the file
+    column: int              # 1-based field number; 0 when the line as a whole is wrong
+    column_name: str | None  # the file's own name of the column
+    byte: int                # 1-based byte column where the field starts (1 for whole-line problems)
+    reason: str              # what is wrong, with the value: "'x1' is not an integer"
+    rule: str                # the same without the value, what the report counts
+    text: str                # the line, for humans, truncated
+
+    def describe(self, file_name: str) -> str:
+        where = f"{file_name} line {self.line}" + (f" column {self.column_name}" if self.column_name else "")
+        return f"{where}: {self.reason}"
+
+    @property
+    def kind(self) -> str:
+        return f"{self.column_name}: {self.rule}" if self.column_name else self.rule
+
+
 # ---- reading a file as blocks of whole lines ----------------------------------------------------------------------
 
 
@@ -131,6 +152,25 @@ def keep_lines(arr: np.ndarray, starts: np.ndarray, ends: np.ndarray, keep: np.n
     np.add.at(delta, starts[drop], 1)
     np.add.at(delta, np.minimum(ends[drop] + 1, len(arr)), -1)
     return arr[np.cumsum(delta[:-1]) == 0].tobytes()
+
+
+def whole_line_problems(block: bytes, arr: np.ndarray, starts: np.ndarray, ends: np.ndarray, first_line: int,
+                        quote: Callable[[bytes], str] | None = None) -> list[BadField]:
+    """Empty lines, and lines holding a control character (tab, lone CR, NUL, ...), which no row of a text format
+    that uses none has. `arr`, `starts`, `ends`: the block as bytes and its line_bounds; `quote`: how the error line
+    shows the character (default quoted_value)."""
+    quote = quote or quoted_value
+    bad = [BadField(first_line + int(i), 0, None, 1, "empty line", "empty line", "")
+           for i in np.flatnonzero(ends == starts)]
+    control = np.flatnonzero(((arr < 32) & (arr != _NEWLINE)) | (arr == 127))
+    if len(control):
+        lines, first = np.unique(np.searchsorted(ends, control), return_index=True)
+        for line, pos in zip(lines, control[first]):
+            byte = int(pos - starts[line]) + 1
+            bad.append(BadField(first_line + int(line), 0, None, byte,
+                                f"control character {quote(block[pos:pos + 1])} at byte {byte}",
+                                "control character", display_text(block[starts[line]:ends[line]])))
+    return bad
 
 
 def display_text(raw: bytes, limit: int = 500) -> str:

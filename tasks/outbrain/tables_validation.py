@@ -37,10 +37,10 @@ import numpy as np
 from tasks.core.progress import ProgressLog
 from tasks.core.storage import Manifest, atomic_directory, write_manifest, write_text_atomic
 from tasks.core.validation import (
-    EVIDENCE_BAD_ROWS, BucketSpill, DataQualityError, Quarantine, bad_fraction, budget_failure, gx_section,
-    iter_line_blocks, summarize_gx,
+    EVIDENCE_BAD_ROWS, BadField, BucketSpill, DataQualityError, Quarantine, bad_fraction, budget_failure,
+    gx_section, iter_line_blocks, summarize_gx,
 )
-from tasks.outbrain.raw_tables import MAX_LINE_BYTES, BadField, check_block, check_header, long_line
+from tasks.outbrain.raw_tables import MAX_LINE_BYTES, check_block, check_header, long_line
 from tasks.outbrain.schema import TABLES, Table, arrow_schema
 
 log = logging.getLogger(__name__)
