@@ -17,8 +17,8 @@ from tasks.core.config import Settings, load_settings
 from tasks.criteo import layout
 from tasks.criteo.settings import load_criteo_settings
 from tasks.criteo.synthetic import ensure_days
-from tasks.dagkit.local_run import (describe_click_metrics, print_publish_outcome, print_run, print_run_outcome, print_tasks,
-                                     run_dag)
+from tasks.dagkit.local_run import (describe_click_metrics, print_publish_outcome, print_run, print_run_outcome,
+                                     print_tasks, run_dag)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
