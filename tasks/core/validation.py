@@ -173,6 +173,17 @@ def whole_line_problems(block: bytes, arr: np.ndarray, starts: np.ndarray, ends:
     return bad
 
 
+def mark_failures(checks: list[tuple[np.ndarray, str]], column: int, rules: list[str], failed_column: np.ndarray,
+                  failed_rule: np.ndarray) -> None:
+    """Mark the rows failing a column's `checks` ([(failing mask, rule)], in the column's order: the first rule a row
+    fails wins) with the column (1-based) and the rule (its 1-based place in `rules`, where it is appended)."""
+    for failing, rule in reversed(checks):  # reversed: the first rule of a column is written last, so it wins
+        hit = np.flatnonzero(failing)
+        if len(hit):
+            rules.append(rule)
+            failed_column[hit], failed_rule[hit] = column, len(rules)
+
+
 def display_text(raw: bytes, limit: int = 500) -> str:
     """A raw line for humans (quarantine, reports): decoded, invalid bytes escaped, truncated."""
     return raw[:limit].decode("utf-8", errors="backslashreplace") + ("…" if len(raw) > limit else "")

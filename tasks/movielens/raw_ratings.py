@@ -17,7 +17,8 @@ from pathlib import Path
 import numpy as np
 
 from tasks.core.validation import iter_line_blocks as read_line_blocks
-from tasks.core.validation import BadField, display_text, keep_lines, line_bounds, whole_line_problems
+from tasks.core.validation import (BadField, display_text, keep_lines, line_bounds, mark_failures,
+                                   whole_line_problems)
 from tasks.movielens.schema import (
     ID_PATTERN, ITEM_ID, MIN_TIMESTAMP, RATING, TIMESTAMP, TIMESTAMP_PATTERN, USER_ID, RatingsFormat,
     validated_arrow_schema,
@@ -132,11 +133,7 @@ def _check_values(work: bytes, lines: np.ndarray, fmt: RatingsFormat, max_timest
         value = cleaned.cast(pa.string()).cast(arrow_type).to_numpy(zero_copy_only=False)
         values[name] = value
         checks = [(~matches, format_rule)] + [(matches & ~check(value), rule) for check, rule in range_rules]
-        for failing, rule in reversed(checks):  # reversed: the first rule of a column wins
-            hit = np.flatnonzero(failing)
-            if len(hit):
-                rules.append(rule)
-                failed_column[hit], failed_rule[hit] = index + 1, len(rules)
+        mark_failures(checks, index + 1, rules, failed_column, failed_rule)
     bad = [_bad_value(table, int(i), int(lines[i]), int(failed_column[i]), rules[failed_rule[i] - 1], fmt)
            for i in np.flatnonzero(failed_column)]
     good_mask = failed_column == 0

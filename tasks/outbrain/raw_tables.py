@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tasks.core.validation import (BadField, display_text, keep_lines, line_bounds, quoted_value,
+from tasks.core.validation import (BadField, display_text, keep_lines, line_bounds, mark_failures, quoted_value,
                                    whole_line_problems)
 from tasks.outbrain.schema import PUBLISH_TIME_FORMAT, Column, Table, arrow_schema
 
@@ -138,11 +138,7 @@ def _check_values(work: bytes, lines: np.ndarray, table: Table):
         checks = [(~matched & ~null, column.rule)]
         if out_of_range is not None:
             checks.append((matched & out_of_range, _range_rule(column)))
-        for failing, rule in reversed(checks):  # reversed: the first rule of a column wins
-            hit = np.flatnonzero(failing)
-            if len(hit):
-                rules.append(rule)
-                failed_column[hit], failed_rule[hit] = index + 1, len(rules)
+        mark_failures(checks, index + 1, rules, failed_column, failed_rule)
     bad = [_bad_value(parsed, int(i), int(lines[i]), int(failed_column[i]), rules[failed_rule[i] - 1], table)
            for i in np.flatnonzero(failed_column)]
     good_mask = failed_column == 0
