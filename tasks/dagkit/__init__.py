@@ -163,6 +163,18 @@ def aws_conn_param(used_for: str) -> Any:
                              "(default: aws_default).")
 
 
+SOURCE_URL_PATTERN = r"^(file|https?|s3)://[^\s;|&$`]+$"  # the schemes downloads accept; no whitespace or shell syntax
+
+
+def source_url_param(description: str, pattern: str = SOURCE_URL_PATTERN) -> Any:
+    """An ingest DAG's source for one run (file://, http(s)://, s3://; empty = the deployment's source), where the
+    download then checks it against the allowed roots and prefixes (`description` says which)."""
+    from airflow.sdk import Param
+
+    return Param(None, type=["null", "string"], maxLength=2048, pattern=pattern, title="Source URL",
+                 description=description)
+
+
 def bad_row_budget_param(default: float | None, description: str) -> Any:
     """An ingest DAG's tolerated fraction of malformed rows (quarantined) before validation fails; a None default
     makes it nullable (empty = the deployment's setting, which `description` names)."""
