@@ -184,6 +184,23 @@ def mark_failures(checks: list[tuple[np.ndarray, str]], column: int, rules: list
             failed_column[hit], failed_rule[hit] = column, len(rules)
 
 
+def first_lines(block: bytes, first_line: int, wanted: int) -> list[tuple[int, bytes]]:
+    """(line number, line) of up to the block's first `wanted` lines, empty ones left out: the lines of a file a
+    validation hands GX as evidence, taken block by block until it has enough."""
+    if wanted <= 0:
+        return []
+    lines = block.split(b"\n", wanted)[:wanted]
+    return [(first_line + i, line) for i, line in enumerate(lines) if line]
+
+
+def write_good_rows(writer: Any, good: Any) -> int:
+    """Append a block's typed good rows (a pyarrow Table, or None) to the validated parquet `writer`; how many."""
+    if good is None or good.num_rows == 0:
+        return 0
+    writer.write_table(good)
+    return good.num_rows
+
+
 def display_text(raw: bytes, limit: int = 500) -> str:
     """A raw line for humans (quarantine, reports): decoded, invalid bytes escaped, truncated."""
     return raw[:limit].decode("utf-8", errors="backslashreplace") + ("…" if len(raw) > limit else "")
