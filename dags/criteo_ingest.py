@@ -21,7 +21,8 @@ from tasks.core.config import load_settings
 from tasks.criteo.dagkit import CRITEO_DAY_STATS, criteo_day
 from tasks.criteo.retrain import TRAIN_DAG, decide_retrain
 from tasks.criteo.settings import load_criteo_settings
-from tasks.dagkit import DEFAULT_ARGS, DOWNLOAD_TASK, SPARK_TASK, fail_without_retry, spark_master
+from tasks.dagkit import (DEFAULT_ARGS, DOWNLOAD_TASK, SPARK_TASK, aws_conn_param, bad_row_budget_param,
+                          fail_without_retry, source_url_param, spark_master)
 from tasks.dagkit.retrain import TriggerWhenReady
 from tasks.dagkit.docs import document
 
@@ -41,21 +42,16 @@ from tasks.dagkit.docs import document
                      description="Day index to ingest. Empty = the logical date's day: for a trigger from this "
                                  "form that is the date above (today by default, whose file is not complete "
                                  "yet), so set the day or pick yesterday's date."),
-        "source_url": Param(None, type=["null", "string"], maxLength=2048, pattern=r"^(file|https?|s3)://[^\s;|&$`]+$",
-                            title="Source URL",
-                            description="Overrides the configured source template for this run (file://, "
-                                        "http(s)://, s3://). Empty = RECFLOW_CRITEO_SOURCE with {day}. file:// "
-                                        "paths must lie under RECFLOW_FILE_SOURCE_ROOTS (default: the data root "
-                                        "and the configured source folder), http(s)/s3 URLs under "
-                                        "RECFLOW_SOURCE_ALLOWED_PREFIXES (default: the configured source's "
-                                        "folder)."),
+        "source_url": source_url_param("Overrides the configured source template for this run (file://, "
+                                       "http(s)://, s3://). Empty = RECFLOW_CRITEO_SOURCE with {day}. file:// paths "
+                                       "must lie under RECFLOW_FILE_SOURCE_ROOTS (default: the data root and the "
+                                       "configured source folder), http(s)/s3 URLs under "
+                                       "RECFLOW_SOURCE_ALLOWED_PREFIXES (default: the configured source's folder)."),
         "expected_sha256": Param(None, type=["null", "string"], pattern=r"^[0-9a-f]{64}$", title="Expected sha256",
                                  description="Checksum of the source file; empty = not checked."),
-        "bad_row_budget": Param(0.001, type="number", minimum=0, maximum=1, title="Bad-row budget",
-                                description="Fraction of malformed rows tolerated (quarantined) before failing."),
-        "aws_conn_id": Param("aws_default", type="string", pattern=r"^[A-Za-z0-9_.-]{1,200}$",
-                             description="Airflow connection with S3 credentials (s3:// sources); one of "
-                                         "RECFLOW_ALLOWED_CONN_IDS (default: aws_default)."),
+        "bad_row_budget": bad_row_budget_param(0.001, "Fraction of malformed rows tolerated (quarantined) before "
+                                                       "failing."),
+        "aws_conn_id": aws_conn_param("s3:// sources"),
     },
 )
 def criteo_ingest():

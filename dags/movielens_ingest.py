@@ -19,7 +19,8 @@ from airflow.sdk import CronTriggerTimetable, Param, dag, task
 
 from tasks.core.config import load_settings
 from tasks.core.settings_registry import value
-from tasks.dagkit import DEFAULT_ARGS, DOWNLOAD_TASK, fail_without_retry
+from tasks.dagkit import (DEFAULT_ARGS, DOWNLOAD_TASK, aws_conn_param, bad_row_budget_param, fail_without_retry,
+                          source_url_param)
 from tasks.movielens.dagkit import MOVIELENS_RATINGS, announcement
 from tasks.movielens.schema import DATASETS
 from tasks.dagkit.docs import document
@@ -37,19 +38,14 @@ from tasks.dagkit.docs import document
                          values_display={"None": "(the deployment's RECFLOW_MOVIELENS_DATASET)"},
                          description="MovieLens snapshot: ml-20m (NVIDIA's NCF recipe) or ml-1m. Empty = "
                                      "RECFLOW_MOVIELENS_DATASET (ml-20m)."),
-        "source_url": Param(None, type=["null", "string"], maxLength=2048, pattern=r"^(file|https?|s3)://[^\s;|&$`]+$",
-                            title="Source URL",
-                            description="The zip for this run (file://, http(s)://, s3://); its md5 is read from "
-                                        "the same URL + '.md5'. Empty = RECFLOW_MOVIELENS_SOURCE with {name}. "
-                                        "file:// paths must lie under RECFLOW_FILE_SOURCE_ROOTS, http(s)/s3 URLs "
-                                        "under RECFLOW_SOURCE_ALLOWED_PREFIXES."),
-        "bad_row_budget": Param(None, type=["null", "number"], minimum=0, maximum=1, title="Bad-row budget",
-                                description="Fraction of malformed rating rows tolerated (quarantined) before "
-                                            "failing. Empty = RECFLOW_MOVIELENS_BAD_ROW_BUDGET, else the "
-                                            "deployment's RECFLOW_BAD_ROW_BUDGET."),
-        "aws_conn_id": Param("aws_default", type="string", pattern=r"^[A-Za-z0-9_.-]{1,200}$",
-                             description="Airflow connection with S3 credentials (s3:// sources); one of "
-                                         "RECFLOW_ALLOWED_CONN_IDS (default: aws_default)."),
+        "source_url": source_url_param("The zip for this run (file://, http(s)://, s3://); its md5 is read from the "
+                                       "same URL + '.md5'. Empty = RECFLOW_MOVIELENS_SOURCE with {name}. file:// "
+                                       "paths must lie under RECFLOW_FILE_SOURCE_ROOTS, http(s)/s3 URLs under "
+                                       "RECFLOW_SOURCE_ALLOWED_PREFIXES."),
+        "bad_row_budget": bad_row_budget_param(None, "Fraction of malformed rating rows tolerated (quarantined) "
+                                                     "before failing. Empty = RECFLOW_MOVIELENS_BAD_ROW_BUDGET, "
+                                                     "else the deployment's RECFLOW_BAD_ROW_BUDGET."),
+        "aws_conn_id": aws_conn_param("s3:// sources"),
     },
 )
 def movielens_ingest():

@@ -21,7 +21,8 @@ from airflow.sdk import CronTriggerTimetable, Param, dag, task
 
 from tasks.core.config import load_settings
 from tasks.core.settings_registry import value
-from tasks.dagkit import DEFAULT_ARGS, DOWNLOAD_TASK, fail_without_retry
+from tasks.dagkit import (DEFAULT_ARGS, DOWNLOAD_TASK, aws_conn_param, bad_row_budget_param, fail_without_retry,
+                          source_url_param)
 from tasks.outbrain.dagkit import OUTBRAIN_CLICKS, announcement
 from tasks.dagkit.docs import document
 
@@ -39,20 +40,15 @@ SNAPSHOT_NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
         "snapshot": Param(None, type=["null", "string"], pattern=SNAPSHOT_NAME, title="Snapshot",
                           description="Name under which the files are kept. Empty = RECFLOW_OUTBRAIN_SNAPSHOT "
                                       "(kaggle)."),
-        "source_url": Param(None, type=["null", "string"], maxLength=2048,
-                            pattern=r"^(file|https?|s3)://[^\s;|&$`]*\{file\}[^\s;|&$`]*$", title="Source URL",
-                            description="Where the files are, with {file} for each file's name without extension "
-                                        "(e.g. s3://bucket/outbrain/{file}.csv.zip). Empty = "
-                                        "RECFLOW_OUTBRAIN_SOURCE. file:// paths must lie under "
-                                        "RECFLOW_FILE_SOURCE_ROOTS, http(s)/s3 URLs under "
-                                        "RECFLOW_SOURCE_ALLOWED_PREFIXES."),
-        "bad_row_budget": Param(None, type=["null", "number"], minimum=0, maximum=1, title="Bad-row budget",
-                                description="Fraction of malformed rows per file tolerated (quarantined) before "
-                                            "failing. Empty = RECFLOW_OUTBRAIN_BAD_ROW_BUDGET, else the "
-                                            "deployment's RECFLOW_BAD_ROW_BUDGET."),
-        "aws_conn_id": Param("aws_default", type="string", pattern=r"^[A-Za-z0-9_.-]{1,200}$",
-                             description="Airflow connection with S3 credentials (s3:// sources); one of "
-                                         "RECFLOW_ALLOWED_CONN_IDS (default: aws_default)."),
+        "source_url": source_url_param("Where the files are, with {file} for each file's name without extension "
+                                       "(e.g. s3://bucket/outbrain/{file}.csv.zip). Empty = RECFLOW_OUTBRAIN_SOURCE. "
+                                       "file:// paths must lie under RECFLOW_FILE_SOURCE_ROOTS, http(s)/s3 URLs under "
+                                       "RECFLOW_SOURCE_ALLOWED_PREFIXES.",
+                                       pattern=r"^(file|https?|s3)://[^\s;|&$`]*\{file\}[^\s;|&$`]*$"),
+        "bad_row_budget": bad_row_budget_param(None, "Fraction of malformed rows per file tolerated (quarantined) "
+                                                     "before failing. Empty = RECFLOW_OUTBRAIN_BAD_ROW_BUDGET, "
+                                                     "else the deployment's RECFLOW_BAD_ROW_BUDGET."),
+        "aws_conn_id": aws_conn_param("s3:// sources"),
     },
 )
 def outbrain_ingest():

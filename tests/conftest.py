@@ -35,6 +35,21 @@ def airflow_init(env: dict[str, str]) -> dict[str, str]:
     return env
 
 
+def run_dag(env: dict[str, str], dag_id: str, conf: dict, timeout: float = 900,
+            logical_date: str | None = None) -> dict:
+    """One DAG run through scripts/run_dag.py (dag.test()) in a child process with `env`: the run's summary (the
+    child's last stdout line) plus "log", the child's whole output."""
+    import json
+    import subprocess
+
+    dated = ["--logical-date", logical_date] if logical_date else []
+    proc = subprocess.run([sys.executable, str(REPO / "scripts" / "run_dag.py"), dag_id, *dated,
+                           "--conf", json.dumps(conf)], env=env, capture_output=True, text=True, timeout=timeout)
+    lines = proc.stdout.strip().splitlines()
+    assert lines, proc.stderr[-3000:]
+    return json.loads(lines[-1]) | {"log": proc.stdout + proc.stderr}
+
+
 @pytest.fixture(scope="session")
 def spark():
     """One local[2] SparkSession for the whole test session (a JVM start is seconds; tests share it). Python workers

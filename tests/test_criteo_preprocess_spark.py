@@ -7,9 +7,7 @@ getOrCreate); one test goes through spark-submit end to end via the task functio
 
 from __future__ import annotations
 
-import contextlib
 import json
-import logging
 import math
 from pathlib import Path
 
@@ -28,6 +26,7 @@ from tasks.criteo.schema import CAT_COLUMNS, INT_COLUMNS, LABEL
 from tasks.formats.feature_spec import FeatureSpec
 from tests.split_binary_rows import read_rows as read_split_binary
 from tasks.core.storage import Manifest, read_manifest, write_manifest
+from tests.job_logging import root_logging_kept
 
 
 pytestmark = pytest.mark.spark
@@ -129,20 +128,8 @@ def mapping_bytes(dataset: Path, mapping: str) -> dict[str, bytes]:
     return {p.name: p.read_bytes() for p in sorted((dataset / mapping).iterdir())}
 
 
-@contextlib.contextmanager
-def pytest_logging_kept():
-    """The jobs' configure_logging replaces the root handlers (force=True); give pytest its own back."""
-    root = logging.getLogger()
-    handlers, level = root.handlers[:], root.level
-    try:
-        yield
-    finally:
-        root.handlers[:] = handlers
-        root.setLevel(level)
-
-
 def run_dictionary(argv: list[str]) -> criteo_dictionary.DictionaryResult:
-    with pytest_logging_kept():
+    with root_logging_kept():
         return criteo_dictionary.main(argv)
 
 
@@ -181,7 +168,7 @@ def dictionary(spark, window) -> Path:
 
 
 def run_transform(window: Path, dictionary: Path, out: Path, *extra: str) -> criteo_transform.TransformResult:
-    with pytest_logging_kept():
+    with root_logging_kept():
         return criteo_transform.main(["--train-days", stats(window, 0, "columnar"), stats(window, 1, "columnar"),
                                       "--test-day", stats(window, TEST_DAY, "columnar"),
                                       "--dictionary", str(dictionary), "--output", str(out), "--seed", str(SEED),

@@ -9,9 +9,7 @@ split-binary dataset transformed from either must be byte-identical.
 
 from __future__ import annotations
 
-import contextlib
 import json
-import logging
 import shutil
 import time
 from collections import Counter
@@ -27,6 +25,7 @@ from tasks.core.config import Settings
 from tasks.criteo.schema import CAT_COLUMNS, INT_COLUMNS, LABEL, RAW_COLUMNS
 from tasks.core.storage import read_manifest
 from tasks.criteo.synthetic import write_criteo_day
+from tests.job_logging import root_logging_kept
 
 pytestmark = pytest.mark.spark
 
@@ -257,7 +256,7 @@ def transformed(ingested: dict[str, Any], spark) -> dict[str, Path]:
                                 spark_conf={"spark.sql.files.maxPartitionBytes": "65536"})
         stats = {day: criteo_layout.stats_day(root, day) for day in (DAY, TEST_DAY)}
         dictionary, dataset = root / "dictionary", root / "dataset"
-        with logging_kept():
+        with root_logging_kept():
             criteo_dictionary.main(["--counts", str(stats[DAY] / "counts"), "--output", str(dictionary),
                                     "--frequency-threshold", "2"])
             result = criteo_transform.main(["--train-days", str(stats[DAY] / "columnar"), "--test-day",
@@ -268,18 +267,6 @@ def transformed(ingested: dict[str, Any], spark) -> dict[str, Path]:
     spark_test_day = criteo_layout.stats_day(ingested["roots"]["spark"], TEST_DAY)
     assert read_manifest(spark_test_day)["extra"]["engine"] == "spark"
     return datasets
-
-
-@contextlib.contextmanager
-def logging_kept():
-    """The jobs' configure_logging sets the root logger's level; give pytest's back."""
-    root = logging.getLogger()
-    handlers, level = root.handlers[:], root.level
-    try:
-        yield
-    finally:
-        root.handlers[:] = handlers
-        root.setLevel(level)
 
 
 def test_transform_is_byte_identical_from_either_engines_stats(transformed: dict[str, Path]) -> None:

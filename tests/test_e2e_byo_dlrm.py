@@ -6,19 +6,16 @@ gated -> published. The DAG runs in a child process via scripts/run_dag.py with 
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from tasks.core import layout
 from tasks.formats.feature_spec import FeatureSpec
-from tests.conftest import airflow_init, airflow_test_env
+from tests.conftest import airflow_init, airflow_test_env, run_dag
 
 pytestmark = [pytest.mark.e2e, pytest.mark.spark, pytest.mark.slow]
 
-REPO = Path(__file__).resolve().parents[1]
 ROWS = {"train": 16_000, "test": 4_000}
 TINY_MODEL = {"profile": "demo", "bottom_mlp": "16,8", "top_mlp": "32,1", "batch_size": 512, "lr": 0.5, "epochs": 2,
               "checkpoint_every_steps": 20, "log_every_steps": 10, "min_auc": 0.65, "nproc": 2}
@@ -32,11 +29,7 @@ def byo_run(tmp_path_factory) -> dict:
     spec_path = write_demo_source(data / "incoming", ROWS["train"], ROWS["test"], seed=9)
     env = airflow_init(airflow_test_env(home, data))
     conf = {"spec_uri": spec_path.as_uri(), **TINY_MODEL}
-    proc = subprocess.run([sys.executable, str(REPO / "scripts" / "run_dag.py"), "byo_dlrm", "--conf",
-                           json.dumps(conf)], env=env, capture_output=True, text=True, timeout=900)
-    lines = proc.stdout.strip().splitlines()
-    assert lines, proc.stderr[-3000:]
-    return json.loads(lines[-1]) | {"log": proc.stdout + proc.stderr, "data": data}
+    return run_dag(env, "byo_dlrm", conf) | {"data": data}
 
 
 def test_byo_dlrm_validates_transcodes_trains_and_publishes(byo_run):

@@ -7,8 +7,6 @@ a child process via scripts/run_dag.py with its own AIRFLOW_HOME, data root and 
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -19,12 +17,11 @@ from tasks.core import layout
 from tasks.criteo.settings import CriteoSettings
 from tasks.core.config import Settings
 from tasks.criteo.ingest import day_stats, download_day, validate_day
-from tasks.criteo.synthetic import CriteoDayGenerator, write_criteo_day
-from tests.conftest import airflow_init, airflow_test_env
+from tasks.criteo.synthetic import ensure_days
+from tests.conftest import airflow_init, airflow_test_env, run_dag
 
 pytestmark = pytest.mark.e2e
 
-REPO = Path(__file__).resolve().parents[1]
 ROWS = 20_000
 TINY_MODEL = {"profile": "demo", "bottom_mlp": "32,16", "top_mlp": "64,32,1", "batch_size": 1024, "lr": 0.5, "epochs": 3,
               "warmup_steps": 5, "decay_start_step": 30, "decay_steps": 20, "checkpoint_every_steps": 10,
@@ -36,9 +33,7 @@ def ingested(tmp_path_factory) -> dict[str, str]:
     home = tmp_path_factory.mktemp("airflow")
     data = tmp_path_factory.mktemp("data")
     source = data / "source"
-    generator = CriteoDayGenerator(seed=11)
-    for day in range(3):
-        write_criteo_day(source / f"day_{day}", day, ROWS, generator=generator)
+    ensure_days(source, range(3), ROWS, seed=11)
     settings = Settings(data_root=data)
     criteo = CriteoSettings(source=source.as_uri() + "/day_{day}")
     for day in range(3):
@@ -49,12 +44,7 @@ def ingested(tmp_path_factory) -> dict[str, str]:
 
 
 def run_dlrm(env: dict[str, str], **conf) -> dict:
-    proc = subprocess.run([sys.executable, str(REPO / "scripts" / "run_dag.py"), "criteo_dlrm", "--conf",
-                           json.dumps({"train_days": "0-1", "test_day": 2, **TINY_MODEL, **conf})],
-                          env=env, capture_output=True, text=True, timeout=900)
-    lines = proc.stdout.strip().splitlines()
-    assert lines, proc.stderr[-3000:]
-    return json.loads(lines[-1]) | {"log": proc.stdout + proc.stderr}
+    return run_dag(env, "criteo_dlrm", {"train_days": "0-1", "test_day": 2, **TINY_MODEL, **conf})
 
 
 def test_dlrm_trains_evaluates_and_publishes(ingested):

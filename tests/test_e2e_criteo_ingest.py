@@ -7,20 +7,17 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from tasks.criteo import layout as criteo_layout
 from tasks.core.storage import read_manifest
-from tasks.criteo.synthetic import CriteoDayGenerator, write_criteo_day
-from tests.conftest import CRITEO_SAMPLE, airflow_init, airflow_test_env
+from tasks.criteo.synthetic import ensure_days
+from tests.conftest import CRITEO_SAMPLE, airflow_init, airflow_test_env, run_dag
 
 pytestmark = pytest.mark.e2e
 
-REPO = Path(__file__).resolve().parents[1]
 ROWS = 3000
 
 
@@ -29,9 +26,7 @@ def airflow_env(tmp_path_factory) -> dict[str, str]:
     home = tmp_path_factory.mktemp("airflow")
     data = tmp_path_factory.mktemp("data")
     source = data / "source"
-    generator = CriteoDayGenerator(seed=7)
-    for day in (0, 1):
-        write_criteo_day(source / f"day_{day}", day, ROWS, generator=generator)
+    ensure_days(source, (0, 1), ROWS, seed=7)
     shutil.copy(CRITEO_SAMPLE, source / "day_2")  # 100 real Criteo rows, no trailing newline
     lines = (source / "day_0").read_bytes().split(b"\n")
     lines[10] = b"2\t" + lines[10].split(b"\t", 1)[1]      # label outside {0,1}
@@ -41,15 +36,7 @@ def airflow_env(tmp_path_factory) -> dict[str, str]:
 
 
 def run_ingest(env: dict[str, str], day: int, **conf) -> dict:
-    proc = subprocess.run(
-        [sys.executable, str(REPO / "scripts" / "run_dag.py"), "criteo_ingest",
-         "--logical-date", f"2026-01-{day + 1:02d}", "--conf", json.dumps(conf)],
-        env=env, capture_output=True, text=True, timeout=600)
-    lines = proc.stdout.strip().splitlines()
-    assert lines, proc.stderr[-3000:]
-    summary = json.loads(lines[-1])
-    summary["log"] = proc.stdout + proc.stderr
-    return summary
+    return run_dag(env, "criteo_ingest", conf, timeout=600, logical_date=f"2026-01-{day + 1:02d}")
 
 
 def data_root(env) -> Path:

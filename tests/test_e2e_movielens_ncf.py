@@ -15,14 +15,13 @@ from pathlib import Path
 
 import pytest
 
-from tasks.core import layout as core_layout
 from tasks.movielens import layout
 from tasks.movielens.synthetic import write_archive
-from tests.conftest import airflow_init, airflow_test_env
+from tests.conftest import airflow_init, airflow_test_env, run_dag
+from tests.e2e_checks import check_gated_against_production, check_trained_on_two_workers, latest_published
 
 pytestmark = pytest.mark.e2e
 
-REPO = Path(__file__).resolve().parents[1]
 USERS, ITEMS = 800, 400
 # The demo profile, smaller still: a test run trains in seconds.
 TINY = {"profile": "demo", "epochs": 4, "batch_size": 2048, "checkpoint_every_steps": 20, "min_hr": 0.25}
@@ -33,14 +32,6 @@ def env(tmp_path_factory) -> dict[str, str]:
     home, data = tmp_path_factory.mktemp("airflow"), tmp_path_factory.mktemp("data")
     write_archive(layout.source_dir(data), "ml-20m", users=USERS, items=ITEMS, ratings_per_user=30, seed=5)
     return airflow_init(airflow_test_env(home, data))
-
-
-def run_dag(env: dict[str, str], dag_id: str, conf: dict) -> dict:
-    proc = subprocess.run([sys.executable, str(REPO / "scripts" / "run_dag.py"), dag_id, "--conf", json.dumps(conf)],
-                          env=env, capture_output=True, text=True, timeout=900)
-    lines = proc.stdout.strip().splitlines()
-    assert lines, proc.stderr[-3000:]
-    return json.loads(lines[-1]) | {"log": proc.stdout + proc.stderr}
 
 
 @pytest.fixture(scope="module")
@@ -68,26 +59,15 @@ def test_ingest_validates_and_announces_a_new_snapshot_once(env, ingested):
 
 
 def test_ncf_trains_on_two_workers_beats_random_and_publishes(env, first_run):
-    run = first_run
-    assert run["state"] == "success", run["log"][-6000:]
-    assert all(t["state"] == "success" for t in run["tasks"].values()), run["tasks"]
-    root = Path(env["RECFLOW_DATA_ROOT"])
-    run_dir = core_layout.run_dir(root, "movielens_ncf", run["run_id"])
-    metrics = json.loads((run_dir / "eval" / "metrics.json").read_text())
+    _, metrics = check_trained_on_two_workers(env, first_run, "movielens_ncf")
     assert metrics["users"] == USERS
     assert metrics["hr@10"] >= 3 * metrics["random_hr@10"], metrics
     assert metrics["ndcg@10"] >= 3 * metrics["random_ndcg@10"], metrics
-    trained = json.loads((run_dir / "train" / "metrics.json").read_text())
-    assert trained["workers"] == 2
-    assert (run_dir / "train" / "training_curves.png").stat().st_size > 0
 
-    store = root / "published" / "movielens_ncf"
-    latest = json.loads((store / "latest.json").read_text())
-    version = store / "versions" / latest["version"]
-    assert {p.relative_to(version).as_posix() for p in version.rglob("*") if p.is_file()} >= {
+    version, files, lineage = latest_published(env, "movielens_ncf")
+    assert files >= {
         "model.weights.h5", "model_config.json", "mappings/users.parquet", "mappings/items.parquet", "seen.parquet",
         "feature_spec.yaml", "metrics.json", "lineage.json", "gate.json", "training_curves.png"}
-    lineage = json.loads((version / "lineage.json").read_text())
     assert lineage["dataset"] == "ml-20m" and lineage["profile"] == "demo" and lineage["workers"] == 2
 
     # A recommendation from the published version: raw movie ids, none the user rated in training.
@@ -112,19 +92,10 @@ def test_ncf_trains_on_two_workers_beats_random_and_publishes(env, first_run):
 
 
 def test_a_second_run_is_gated_against_production_on_the_same_rows_and_reuses_preprocessing(env, first_run):
-    assert first_run["state"] == "success", first_run["log"][-4000:]
-    root = Path(env["RECFLOW_DATA_ROOT"])
-    preprocessed = list((root / "movielens" / "preprocessed").iterdir())
-    second = run_dag(env, "movielens_ncf", {**TINY, "epochs": 1, "workers": 1, "max_regression": 1.0})
-    assert second["state"] == "success", second["log"][-6000:]
     # Only model knobs changed: the same preprocessed dataset, found complete.
-    assert list((root / "movielens" / "preprocessed").iterdir()) == preprocessed
-    gate = json.loads((core_layout.run_dir(root, "movielens_ncf", second["run_id"]) / "gate" / "gate.json")
-                      .read_text())
-    assert gate["baseline_basis"].startswith("production ") and "scored on the same" in gate["baseline_basis"], gate
-    production = gate["baseline_metrics"]
-    first_metrics = json.loads((core_layout.run_dir(root, "movielens_ncf", first_run["run_id"]) / "eval" /
-                                "metrics.json").read_text())
+    production, first_metrics = check_gated_against_production(
+        env, first_run, "movielens_ncf", Path(env["RECFLOW_DATA_ROOT"]) / "movielens" / "preprocessed",
+        {**TINY, "epochs": 1, "workers": 1, "max_regression": 1.0})
     # The production model scored on this run's test rows is the first run's model on the same snapshot and
     # negatives: the same HR@10 it measured itself.
     assert production["hr@10"] == pytest.approx(first_metrics["hr@10"], abs=2 / USERS)

@@ -16,14 +16,13 @@ from pathlib import Path
 
 import pytest
 
-from tasks.core import layout as core_layout
 from tasks.outbrain import layout
 from tasks.outbrain.synthetic import write_snapshot
-from tests.conftest import airflow_init, airflow_test_env
+from tests.conftest import airflow_init, airflow_test_env, run_dag
+from tests.e2e_checks import check_gated_against_production, check_trained_on_two_workers, latest_published
 
 pytestmark = pytest.mark.e2e
 
-REPO = Path(__file__).resolve().parents[1]
 DISPLAYS = 4000
 # The demo profile, smaller still: a test run trains in seconds.
 TINY = {"profile": "demo", "epochs": 3, "tfrecord_shards": 2, "checkpoint_every_steps": 50, "min_map": 0.0}
@@ -34,14 +33,6 @@ def env(tmp_path_factory) -> dict[str, str]:
     home, data = tmp_path_factory.mktemp("airflow"), tmp_path_factory.mktemp("data")
     write_snapshot(layout.source_dir(data), displays=DISPLAYS, seed=5, compress="gz")
     return airflow_init(airflow_test_env(home, data))
-
-
-def run_dag(env: dict[str, str], dag_id: str, conf: dict) -> dict:
-    proc = subprocess.run([sys.executable, str(REPO / "scripts" / "run_dag.py"), dag_id, "--conf", json.dumps(conf)],
-                          env=env, capture_output=True, text=True, timeout=900)
-    lines = proc.stdout.strip().splitlines()
-    assert lines, proc.stderr[-3000:]
-    return json.loads(lines[-1]) | {"log": proc.stdout + proc.stderr}
 
 
 @pytest.fixture(scope="module")
@@ -69,30 +60,19 @@ def test_ingest_validates_every_file_and_announces_a_new_snapshot_once(env, inge
 
 
 def test_wide_deep_trains_on_two_workers_beats_random_ranking_and_publishes(env, first_run):
-    run = first_run
-    assert run["state"] == "success", run["log"][-6000:]
-    assert all(t["state"] == "success" for t in run["tasks"].values()), run["tasks"]
-    root = Path(env["RECFLOW_DATA_ROOT"])
-    run_dir = core_layout.run_dir(root, "outbrain_wide_deep", run["run_id"])
-    metrics = json.loads((run_dir / "eval" / "metrics.json").read_text())
+    _, metrics = check_trained_on_two_workers(env, first_run, "outbrain_wide_deep")
     assert metrics["displays"] > DISPLAYS * 0.15  # the validation split: ~20% of days 0-10 plus days 11-12
     assert metrics["map@12"] >= metrics["random_map@12"] + 0.08, metrics
     assert metrics["auc"] > 0.6, metrics
-    trained = json.loads((run_dir / "train" / "metrics.json").read_text())
-    assert trained["workers"] == 2
-    assert (run_dir / "train" / "training_curves.png").stat().st_size > 0
 
-    store = root / "published" / "outbrain_wide_deep"
-    latest = json.loads((store / "latest.json").read_text())
-    version = store / "versions" / latest["version"]
-    files = {p.relative_to(version).as_posix() for p in version.rglob("*") if p.is_file()}
+    version, files, lineage = latest_published(env, "outbrain_wide_deep")
     assert files >= {"model.weights.h5", "model_config.json", "feature_spec.yaml", "tfrecords/feature_spec.yaml",
                      "stats/numeric.json", "metrics.json", "lineage.json", "gate.json", "training_curves.png"}
     assert any(name.startswith("stats/ctr_counts/") for name in files)
-    lineage = json.loads((version / "lineage.json").read_text())
     assert lineage["dataset"] == "kaggle" and lineage["profile"] == "demo" and lineage["workers"] == 2
 
     # Kaggle's test displays ranked by the published version alone (its own feature statistics).
+    root = Path(env["RECFLOW_DATA_ROOT"])
     out = root / "submission.csv"
     proc = subprocess.run([sys.executable, "-m", "tasks.outbrain.predict", "rank", "--model-dir", str(version),
                            "--tables", str(layout.validated_dir(root, "kaggle")), "--out", str(out), "--limit", "2"],
@@ -110,19 +90,10 @@ def test_wide_deep_trains_on_two_workers_beats_random_ranking_and_publishes(env,
 
 
 def test_a_second_run_is_gated_against_production_on_the_same_displays_and_reuses_features(env, first_run):
-    assert first_run["state"] == "success", first_run["log"][-4000:]
-    root = Path(env["RECFLOW_DATA_ROOT"])
-    features = sorted((root / "outbrain" / "features").iterdir())
-    second = run_dag(env, "outbrain_wide_deep", {**TINY, "epochs": 1, "workers": 1, "max_regression": 1.0})
-    assert second["state"] == "success", second["log"][-6000:]
     # Only model knobs changed: the same features dataset, found complete.
-    assert sorted((root / "outbrain" / "features").iterdir()) == features
-    gate = json.loads((core_layout.run_dir(root, "outbrain_wide_deep", second["run_id"]) / "gate" / "gate.json")
-                      .read_text())
-    assert gate["baseline_basis"].startswith("production ") and "scored on the same" in gate["baseline_basis"], gate
-    production = gate["baseline_metrics"]
-    first_metrics = json.loads((core_layout.run_dir(root, "outbrain_wide_deep", first_run["run_id"]) / "eval" /
-                                "metrics.json").read_text())
+    production, first_metrics = check_gated_against_production(
+        env, first_run, "outbrain_wide_deep", Path(env["RECFLOW_DATA_ROOT"]) / "outbrain" / "features",
+        {**TINY, "epochs": 1, "workers": 1, "max_regression": 1.0})
     # The production model scored on this run's validation displays through its own statistics is the first
     # run's model on the same snapshot and split: the same MAP@12 it measured itself.
     assert production["displays"] == first_metrics["displays"]

@@ -14,7 +14,7 @@ from tasks.movielens import layout
 from tasks.movielens.dagkit import MOVIELENS_RATINGS, announcement, snapshot_of_run
 from tasks.movielens.ncf import PIPELINE, resolve_run
 from tasks.release.runs import SnapshotMissing
-from tasks.release.steps import open_registry
+from tests.snapshot_runs import check_a_trained_snapshot_is_not_retrained
 
 
 def test_a_run_names_its_snapshot_by_param_else_by_the_announcing_event():
@@ -49,20 +49,11 @@ def test_training_needs_an_ingested_snapshot(settings: Settings):
 
 
 def test_an_asset_triggered_run_of_a_snapshot_already_trained_does_nothing(settings: Settings):
-    write_manifest(layout.validated_dir(settings.data_root, "ml-20m"), Manifest(kind="test", inputs={"md5": "a"}))
-    params = {"profile": "demo", "dataset": "ml-20m"}
-    run = resolve_run(settings, params, "asset_triggered")
+    # a new snapshot is another archive md5
+    run = check_a_trained_snapshot_is_not_retrained(
+        settings, resolve_run, PIPELINE, "movielens", layout.validated_dir(settings.data_root, "ml-20m"),
+        {"profile": "demo", "dataset": "ml-20m"}, source_key="md5", status="trained")
     assert run["window"]["dataset"] == "ml-20m" and run["profile"] == "demo" and run["knobs"]["min_ratings"] == 20
-    with open_registry(settings) as registry:
-        registry.register_run(PIPELINE, "movielens_ncf", "r1", dataset="movielens", window=run["window"],
-                              config_hash="c")
-        registry.set_run_status(PIPELINE, "r1", "trained")
-    assert resolve_run(settings, params, "asset_triggered") is None
-    assert resolve_run(settings, params, "manual") is not None  # by hand: the user asked for it
-    assert resolve_run(settings, {**params, "profile": "full"}, "asset_triggered") is not None  # another profile
-    # A new snapshot (another archive md5) is new work.
-    write_manifest(layout.validated_dir(settings.data_root, "ml-20m"), Manifest(kind="test", inputs={"md5": "b"}))
-    assert resolve_run(settings, params, "asset_triggered") is not None
 
 
 def test_bad_mlp_sizes_are_refused_before_any_spark_work(settings: Settings):

@@ -8,9 +8,7 @@ getOrCreate); one test goes through spark-submit end to end via the task functio
 
 from __future__ import annotations
 
-import contextlib
 import json
-import logging
 import shutil
 from pathlib import Path
 
@@ -27,6 +25,7 @@ from tasks.core.storage import read_manifest
 from tasks.movielens import preprocess as movielens_preprocess
 from tasks.movielens.ingest import StepInputMissing
 from tasks.movielens.schema import validated_arrow_schema
+from tests.job_logging import root_logging_kept
 
 
 pytestmark = pytest.mark.spark
@@ -91,19 +90,8 @@ def write_ratings(directory: Path, files: int = 2) -> Path:
     return directory
 
 
-@contextlib.contextmanager
-def pytest_logging_kept():
-    root = logging.getLogger()
-    handlers, level = root.handlers[:], root.level
-    try:
-        yield
-    finally:
-        root.handlers[:] = handlers
-        root.setLevel(level)
-
-
 def run_job(ratings: Path, out: Path, *extra: str) -> job.PreprocessResult:
-    with pytest_logging_kept():
+    with root_logging_kept():
         return job.main(["--ratings", str(ratings), "--output", str(out), "--seed", str(SEED), *extra])
 
 

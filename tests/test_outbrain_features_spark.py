@@ -8,10 +8,8 @@ spark_session() picks it up through getOrCreate); one test goes through spark-su
 
 from __future__ import annotations
 
-import contextlib
 import datetime as dt
 import json
-import logging
 import math
 import statistics
 from pathlib import Path
@@ -27,6 +25,7 @@ from tasks.formats import tfrecord
 from tasks.outbrain import features as outbrain_features
 from tasks.outbrain.features import (DISPLAY_ID, HASH_BUCKET_SIZES, LABEL, MULTIHOT_COLUMNS, NUMERIC_COLUMNS,
                                      ONEHOT_COLUMNS, DatasetInvalid)
+from tests.job_logging import root_logging_kept
 
 pytestmark = pytest.mark.spark
 
@@ -154,19 +153,8 @@ def write_tables(root: Path, clicks_table: str = "clicks_train", with_label: boo
     return root
 
 
-@contextlib.contextmanager
-def pytest_logging_kept():
-    root = logging.getLogger()
-    handlers, level = root.handlers[:], root.level
-    try:
-        yield
-    finally:
-        root.handlers[:] = handlers
-        root.setLevel(level)
-
-
 def run_job(*argv: str) -> job.FeaturesResult:
-    with pytest_logging_kept():
+    with root_logging_kept():
         return job.main(list(argv))
 
 

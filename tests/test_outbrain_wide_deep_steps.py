@@ -16,7 +16,7 @@ from tasks.outbrain.dagkit import OUTBRAIN_CLICKS, announcement, snapshot_of_run
 from tasks.outbrain.profiles import FEATURE_KNOBS, PROFILES
 from tasks.outbrain.wide_deep import PIPELINE, features_dir, resolve_run, trainer_config
 from tasks.release.runs import SnapshotMissing
-from tasks.release.steps import open_registry
+from tests.snapshot_runs import check_a_trained_snapshot_is_not_retrained
 
 
 def test_a_run_names_its_snapshot_by_param_else_by_the_announcing_event():
@@ -49,19 +49,11 @@ def test_training_needs_an_ingested_snapshot(settings: Settings):
 
 
 def test_an_asset_triggered_run_of_a_snapshot_already_trained_does_nothing(settings: Settings):
-    write_manifest(layout.validated_dir(settings.data_root, "kaggle"), Manifest(kind="test", inputs={"sha": "a"}))
-    params = {"profile": "demo", "snapshot": "kaggle"}
-    run = resolve_run(settings, params, "asset_triggered")
+    # a new snapshot is new files (another checksum); a run gated out was trained all the same
+    run = check_a_trained_snapshot_is_not_retrained(
+        settings, resolve_run, PIPELINE, "outbrain", layout.validated_dir(settings.data_root, "kaggle"),
+        {"profile": "demo", "snapshot": "kaggle"}, source_key="sha", status="gated_out")
     assert run["window"]["dataset"] == "kaggle" and run["profile"] == "demo" and run["knobs"]["map_k"] == 12
-    with open_registry(settings) as registry:
-        registry.register_run(PIPELINE, "outbrain_wide_deep", "r1", dataset="outbrain", window=run["window"],
-                              config_hash="c")
-        registry.set_run_status(PIPELINE, "r1", "gated_out")
-    assert resolve_run(settings, params, "asset_triggered") is None
-    assert resolve_run(settings, params, "manual") is not None  # by hand: the user asked for it
-    assert resolve_run(settings, {**params, "profile": "full"}, "asset_triggered") is not None  # another profile
-    write_manifest(layout.validated_dir(settings.data_root, "kaggle"), Manifest(kind="test", inputs={"sha": "b"}))
-    assert resolve_run(settings, params, "asset_triggered") is not None  # new files: new work
 
 
 def test_bad_layer_sizes_are_refused_before_any_spark_work(settings: Settings):

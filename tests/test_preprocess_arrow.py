@@ -9,9 +9,7 @@ json bytes, split-binary bytes.
 
 from __future__ import annotations
 
-import contextlib
 import json
-import logging
 import shutil
 from pathlib import Path
 
@@ -27,24 +25,13 @@ from tasks.core.storage import read_manifest
 from tasks.criteo import layout, preprocess, preprocess_arrow
 from tasks.criteo.schema import CAT_COLUMNS
 from tests.criteo_window import ingest_synthetic_days
+from tests.job_logging import root_logging_kept
 
 DAY_ROWS = {0: 3000, 1: 2500, 2: 2001}
 SEED = 7
 THRESHOLD = 2
 OVERRIDES = "cat_0:0,cat_9:5"
 SMALL_SPLITS = {"spark.sql.files.maxPartitionBytes": "131072"}  # the test day read as several Spark partitions
-
-
-@contextlib.contextmanager
-def logging_kept():
-    """The Spark jobs' configure_logging may replace the root handlers; give pytest its own back."""
-    root = logging.getLogger()
-    handlers, level = root.handlers[:], root.level
-    try:
-        yield
-    finally:
-        root.handlers[:] = handlers
-        root.setLevel(level)
 
 
 @pytest.fixture(scope="module")
@@ -74,7 +61,7 @@ def transform_argv(root: Path, dictionary: Path, out: Path, test_day: str | None
 def by_spark(spark, window) -> dict[str, Path]:
     """Dictionary + dataset by the Spark jobs, in-process on the session's SparkSession."""
     out = {"dictionary": window / "spark" / "dictionary", "dataset": window / "spark" / "dataset"}
-    with logging_kept():
+    with root_logging_kept():
         spark_dictionary.main(dictionary_argv(window, out["dictionary"]))
         spark_transform.main(transform_argv(window, out["dictionary"], out["dataset"]))
     return out
@@ -145,7 +132,7 @@ def test_dictionary_equals_sparks(by_spark, by_arrow):
 @pytest.mark.spark
 def test_dictionary_with_overrides_over_all_days_equals_sparks(spark, window, tmp_path):
     argv = dictionary_argv(window, tmp_path / "spark", (0, 1, 2), "--threshold-overrides", OVERRIDES)
-    with logging_kept():
+    with root_logging_kept():
         spark_dictionary.main(argv)
     preprocess_arrow.dictionary_main(
         dictionary_argv(window, tmp_path / "arrow", (0, 1, 2), "--threshold-overrides", OVERRIDES))
@@ -182,7 +169,7 @@ def test_spark_engine_day_stats_give_the_same_bytes(spark, window, by_arrow, tmp
     for key, value in SMALL_SPLITS.items():
         spark.conf.set(key, value)
     try:
-        with logging_kept():
+        with root_logging_kept():
             day_stats.main(["--input", str(layout.raw_day(window, 2)), "--output", str(tmp_path / "stats"),
                             "--day", "2"])
     finally:

@@ -41,6 +41,20 @@ def plot_training_curves(records: Sequence[dict[str, Any]], path: Path, title: s
     auc_axes.set_ylabel("ROC AUC")
     auc_axes.set_title("evaluation AUC")
     auc_axes.grid(alpha=0.3)
+    return save_figure(figure, title, path)
+
+
+def plot_epoch_loss(axes: Any, records: Sequence[dict[str, Any]]) -> None:
+    """The panel of an epoch-evaluated run's training loss: each epoch's mean against its number."""
+    axes.plot([r["epoch"] for r in records], [r["loss"] for r in records], "o-", color="tab:blue", label="train loss")
+    axes.set_xlabel("epoch")
+    axes.set_ylabel("BCE (epoch mean)")
+    axes.set_title("training loss")
+    axes.grid(alpha=0.3)
+
+
+def save_figure(figure: Figure, title: str, path: Path) -> Path:
+    """The figure titled, laid out and written as a PNG at `path` (atomically); the path."""
     figure.suptitle(title)
     figure.tight_layout()
     with atomic_file(path, "wb") as f:

@@ -14,74 +14,69 @@ taken as written and a schedule that would reach 0 before the run's last step is
 from __future__ import annotations
 
 import argparse
-import dataclasses
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
+
+from models.common.config_flags import add_config_flags, config_dict, config_from_dict, namespace_values, option
 
 # How the embedding tables are laid out over the ranks (models/dlrm/sharding.py); data_parallel replicates them.
 SHARDINGS = ("data_parallel", "table_wise", "column_wise", "auto", "row_wise")
 
 
-def _opt(default: Any, help: str, **extra: Any) -> Any:  # noqa: A002 - argparse's own word
-    if isinstance(default, (list, tuple)):
-        return field(default_factory=lambda: tuple(default), metadata={"help": help, **extra})
-    return field(default=default, metadata={"help": help, **extra})
-
-
 @dataclass
 class DlrmConfig:
     # data and outputs
-    dataset_dir: str = _opt("", "directory holding feature_spec.yaml and the split-binary mappings")
-    feature_spec: str = _opt("feature_spec.yaml", "feature spec file name inside dataset_dir")
-    output_dir: str = _opt("", "run directory: checkpoints/, model.pt, metrics.json, train_log.jsonl, plot")
-    train_mapping: str = _opt("train", "source_spec mapping to train on")
-    test_mapping: str = _opt("test", "source_spec mapping to evaluate on")
+    dataset_dir: str = option("", "directory holding feature_spec.yaml and the split-binary mappings")
+    feature_spec: str = option("feature_spec.yaml", "feature spec file name inside dataset_dir")
+    output_dir: str = option("", "run directory: checkpoints/, model.pt, metrics.json, train_log.jsonl, plot")
+    train_mapping: str = option("train", "source_spec mapping to train on")
+    test_mapping: str = option("test", "source_spec mapping to evaluate on")
     # model (NVIDIA defaults)
-    bottom_mlp_sizes: tuple[int, ...] = _opt((512, 256, 128), "bottom MLP widths; the last is the embedding dim")
-    top_mlp_sizes: tuple[int, ...] = _opt((1024, 1024, 512, 256, 1), "top MLP widths; must end in 1")
-    max_table_size: int | None = _opt(None, "cap on rows per embedding table (needs hash_indices)", type=int)
-    hash_indices: bool = _opt(False, "index := index %% table size (with max_table_size)")
-    sharding: str = _opt("data_parallel", "embedding tables: data_parallel (every rank holds all, DDP), or split "
+    bottom_mlp_sizes: tuple[int, ...] = option((512, 256, 128), "bottom MLP widths; the last is the embedding dim")
+    top_mlp_sizes: tuple[int, ...] = option((1024, 1024, 512, 256, 1), "top MLP widths; must end in 1")
+    max_table_size: int | None = option(None, "cap on rows per embedding table (needs hash_indices)", type=int)
+    hash_indices: bool = option(False, "index := index %% table size (with max_table_size)")
+    sharding: str = option("data_parallel", "embedding tables: data_parallel (every rank holds all, DDP), or split "
                                           "across ranks by TorchRec: table_wise, column_wise, auto (the planner "
                                           "picks), row_wise (CUDA only)", choices=SHARDINGS)
-    sparse_embeddings: bool = _opt(True, "sparse embedding gradients: only looked-up rows are updated "
+    sparse_embeddings: bool = option(True, "sparse embedding gradients: only looked-up rows are updated "
                                          "(ignored on multi-GPU NCCL runs, which cannot all-reduce sparse tensors)")
     # optimisation (NVIDIA: SGD, lr 24, warmup 8000, decay 48000 + 24000, power 2, batch 65536)
-    batch_size: int = _opt(65536, "global training batch (split evenly across ranks)")
-    eval_batch_size: int = _opt(65536, "evaluation batch")
-    lr: float = _opt(24.0, "base SGD learning rate")
-    warmup_steps: int = _opt(8000, "linear warmup steps")
-    decay_start_step: int = _opt(48000, "step at which polynomial decay starts")
-    decay_steps: int = _opt(24000, "steps over which lr decays to end_lr_factor x lr (0 disables decay)")
-    schedule_scaling: str = _opt("run", "run: scale warmup/decay positions to the run's step count; fixed: take "
+    batch_size: int = option(65536, "global training batch (split evenly across ranks)")
+    eval_batch_size: int = option(65536, "evaluation batch")
+    lr: float = option(24.0, "base SGD learning rate")
+    warmup_steps: int = option(8000, "linear warmup steps")
+    decay_start_step: int = option(48000, "step at which polynomial decay starts")
+    decay_steps: int = option(24000, "steps over which lr decays to end_lr_factor x lr (0 disables decay)")
+    schedule_scaling: str = option("run", "run: scale warmup/decay positions to the run's step count; fixed: take "
                                         "them as written (refused if lr would reach 0 before the last step)",
                                  choices=("run", "fixed"))
-    poly_power: float = _opt(2.0, "polynomial decay power")
-    end_lr_factor: float = _opt(0.0, "lr floor after decay, as a fraction of lr (NVIDIA: 0)")
+    poly_power: float = option(2.0, "polynomial decay power")
+    end_lr_factor: float = option(0.0, "lr floor after decay, as a fraction of lr (NVIDIA: 0)")
     # run length and cadence
-    epochs: int = _opt(1, "passes over the training mapping")
-    limit_train_batches: int | None = _opt(None, "stop each epoch after this many steps", type=int)
-    limit_eval_batches: int | None = _opt(None, "evaluate on at most this many batches", type=int)
-    log_every_steps: int = _opt(100, "progress line / train_log.jsonl record interval")
-    eval_every_steps: int = _opt(0, "evaluate during training every N steps (0: only at the end)")
-    checkpoint_every_steps: int = _opt(1000, "save a checkpoint every N steps (0: only at the end)")
-    keep_checkpoints: int = _opt(3, "how many step checkpoints to keep (0: all)")
+    epochs: int = option(1, "passes over the training mapping")
+    limit_train_batches: int | None = option(None, "stop each epoch after this many steps", type=int)
+    limit_eval_batches: int | None = option(None, "evaluate on at most this many batches", type=int)
+    log_every_steps: int = option(100, "progress line / train_log.jsonl record interval")
+    eval_every_steps: int = option(0, "evaluate during training every N steps (0: only at the end)")
+    checkpoint_every_steps: int = option(1000, "save a checkpoint every N steps (0: only at the end)")
+    keep_checkpoints: int = option(3, "how many step checkpoints to keep (0: all)")
     # execution
-    device: str = _opt("auto", "cpu, cuda or auto", choices=("cpu", "cuda", "auto"))
-    amp: bool = _opt(False, "mixed precision (autocast in --amp_dtype)")
-    amp_dtype: str = _opt("auto", "type of --amp: bf16, fp16 (CUDA, with a loss scaler) or auto (bf16 where the "
+    device: str = option("auto", "cpu, cuda or auto", choices=("cpu", "cuda", "auto"))
+    amp: bool = option(False, "mixed precision (autocast in --amp_dtype)")
+    amp_dtype: str = option("auto", "type of --amp: bf16, fp16 (CUDA, with a loss scaler) or auto (bf16 where the "
                                   "device computes it natively: the CPU, CUDA compute capability >= 8; fp16 on "
                                   "older GPUs)", choices=("auto", "bf16", "fp16"))
-    seed: int = _opt(12345, "seed for weights, batch order and RNG state")
-    shuffle_batch_order: bool = _opt(False, "shuffle the order of whole batches each epoch (seeded)")
-    drop_last_train_batch: bool = _opt(True, "drop the short last training batch (eval always keeps it)")
-    prefetch_depth: int = _opt(4, "batches read ahead by the loader thread (0: no thread)")
-    torch_threads: int = _opt(0, "intra-op CPU threads per process (0: torch's default; torchrun sets 1)")
-    compile: str = _opt("auto", "torch.compile the dense layers: on, off, auto (on for CUDA, off for CPU, where it "
+    seed: int = option(12345, "seed for weights, batch order and RNG state")
+    shuffle_batch_order: bool = option(False, "shuffle the order of whole batches each epoch (seeded)")
+    drop_last_train_batch: bool = option(True, "drop the short last training batch (eval always keeps it)")
+    prefetch_depth: int = option(4, "batches read ahead by the loader thread (0: no thread)")
+    torch_threads: int = option(0, "intra-op CPU threads per process (0: torch's default; torchrun sets 1)")
+    compile: str = option("auto", "torch.compile the dense layers: on, off, auto (on for CUDA, off for CPU, where it "
                                 "measured no faster; docs/PERFORMANCE-gpu.md)", choices=("auto", "on", "off"))
-    cuda_graphs: bool = _opt(False, "with compile on CUDA: capture the dense layers as CUDA graphs (torch.compile "
+    cuda_graphs: bool = option(False, "with compile on CUDA: capture the dense layers as CUDA graphs (torch.compile "
                                     "mode reduce-overhead); off until measured on a GPU")
-    dense_table_limit_mb: int = _opt(256, "largest embedding tables (MB, fp32, all tables together) a multi-GPU "
+    dense_table_limit_mb: int = option(256, "largest embedding tables (MB, fp32, all tables together) a multi-GPU "
                                           "NCCL run may train data parallel with dense table gradients; above it "
                                           "the run is refused unless the tables are sharded (--sharding)")
 
@@ -104,39 +99,20 @@ class DlrmConfig:
 
     def to_dict(self) -> dict[str, Any]:
         """Plain dict of ints/floats/strs/lists/None (safe for JSON and for torch weights_only loading)."""
-        return {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(self).items()}
+        return config_dict(self)
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> DlrmConfig:
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(values) - known)
-        if unknown:
-            raise ValueError(f"unknown DLRM config keys {unknown}")
-        return cls(**values)
+        return config_from_dict(cls, values, "DLRM")
 
 
 def build_parser(description: str) -> argparse.ArgumentParser:
     """An argparse parser with one `--<field>` per DlrmConfig field (NVIDIA-style underscore flags)."""
-    parser = argparse.ArgumentParser(description=description)
-    defaults = DlrmConfig()
-    for f in dataclasses.fields(DlrmConfig):
-        default = getattr(defaults, f.name)
-        kwargs: dict[str, Any] = {"help": f"{f.metadata['help']} (default: {default})", "default": default}
-        if isinstance(default, bool):
-            kwargs["action"] = argparse.BooleanOptionalAction
-        elif isinstance(default, tuple):
-            kwargs.update(nargs="+", type=int)
-        else:
-            kwargs["type"] = f.metadata.get("type", type(default))
-            if "choices" in f.metadata:
-                kwargs["choices"] = f.metadata["choices"]
-        parser.add_argument(f"--{f.name}", **kwargs)
-    return parser
+    return add_config_flags(argparse.ArgumentParser(description=description), DlrmConfig)
 
 
 def config_from_namespace(namespace: argparse.Namespace) -> DlrmConfig:
-    names = {f.name for f in dataclasses.fields(DlrmConfig)}
-    return DlrmConfig(**{k: v for k, v in vars(namespace).items() if k in names})
+    return DlrmConfig(**namespace_values(DlrmConfig, namespace))
 
 
 def lr_factor(step: int, warmup_steps: int, decay_start_step: int, decay_steps: int, power: float = 2.0,

@@ -9,32 +9,20 @@ from __future__ import annotations
 import argparse
 import json
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from models.common.evaluation import ClickEvalResult, evaluator_parser, write_eval_metrics
 from models.torchkit.checkpoint import FORMAT_VERSION, MODEL_KIND, safe_load, write_torch_atomic
 from models.torchkit.distributed import autocast_context, select_device
 from models.common.metrics import StreamingPredictions
 from tasks.core.progress import RankLog
 from models.dlrm.data import PrefetchingReader, SplitBinaryDataset, decodes_on_device, to_device
 from models.dlrm.model import Dlrm, build_model
-from tasks.formats.feature_spec import FEATURE_SPEC_FILE, FeatureSpec
-from tasks.core.storage import write_text_atomic
-
-
-@dataclass
-class EvalResult:
-    model_path: Path
-    mapping: str
-    auc: float
-    logloss: float
-    rows: int
-    batches: int
-    seconds: float
-    metrics_path: Path
+from tasks.formats.feature_spec import FeatureSpec
 
 
 def save_model_file(path: Path, model: Dlrm, config: dict[str, Any], step: int) -> Path:
@@ -105,22 +93,20 @@ def check_cardinalities(spec: FeatureSpec, hparams: dict[str, Any], where: Path)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description="evaluate a recflow DLRM model.pt on a split-binary mapping")
-    parser.add_argument("--model_path", required=True, type=Path, help="model.pt written by models.dlrm.train")
-    parser.add_argument("--dataset_dir", default="", help="dataset directory (default: the one the model trained on)")
-    parser.add_argument("--feature_spec", default=FEATURE_SPEC_FILE, help="feature spec file inside dataset_dir")
-    parser.add_argument("--mapping", default="test", help="source_spec mapping to evaluate (default: test)")
+    parser = evaluator_parser("evaluate a recflow DLRM model.pt on a split-binary mapping",
+                              model_help="model.pt written by models.dlrm.train",
+                              dataset_help="dataset directory (default: the one the model trained on)",
+                              mapping_help="source_spec mapping to evaluate (default: test)",
+                              feature_spec_help="feature spec file inside dataset_dir")
     parser.add_argument("--batch_size", type=int, default=16384)
     parser.add_argument("--limit_batches", type=int, default=None, help="evaluate at most this many batches")
     parser.add_argument("--device", default="auto", choices=("cpu", "cuda", "auto"))
     parser.add_argument("--amp", action=argparse.BooleanOptionalAction, default=False)
     parser.add_argument("--prefetch_depth", type=int, default=4)
-    parser.add_argument("--output_dir", default="",
-                        help="where metrics.json goes (default: <model dir>/eval_<mapping>)")
     return parser.parse_args(argv)
 
 
-def main(argv: list[str] | None = None) -> EvalResult:
+def main(argv: list[str] | None = None) -> ClickEvalResult:
     args = parse_args(argv)
     log = RankLog(0)
     device = select_device(args.device)
@@ -136,15 +122,13 @@ def main(argv: list[str] | None = None) -> EvalResult:
         read = dataset.stats
     metrics = predictions.compute()
     seconds = time.perf_counter() - started
-    out_dir = Path(args.output_dir) if args.output_dir else Path(args.model_path).parent / f"eval_{args.mapping}"
-    metrics_path = out_dir / "metrics.json"
     document = {**metrics, "mapping": args.mapping, "model_path": str(args.model_path), "step": payload["step"],
                 "seconds": seconds, "read_batches_per_second": read.batches_per_second,
                 "read_megabytes_per_second": read.megabytes_per_second}
-    write_text_atomic(metrics_path, json.dumps(document, indent=2, sort_keys=True))
+    metrics_path = write_eval_metrics(args, document)
     log(f"eval {args.mapping}: auc {metrics['auc']:.5f} logloss {metrics['logloss']:.5f} over {metrics['rows']} rows "
         f"in {seconds:.1f}s (read {read.megabytes_per_second:.1f} MB/s) -> {metrics_path}")
-    return EvalResult(model_path=Path(args.model_path), mapping=args.mapping, auc=metrics["auc"],
+    return ClickEvalResult(model_path=Path(args.model_path), mapping=args.mapping, auc=metrics["auc"],
                       logloss=metrics["logloss"], rows=metrics["rows"], batches=read.batches, seconds=seconds,
                       metrics_path=metrics_path)
 

@@ -18,19 +18,17 @@ rounded through float16, as stored), categoricals as dictionary ids.
 
 from __future__ import annotations
 
-import argparse
-import json
-from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
 
+from models.common.triton_export import MAX_ABS_DIFF, ExportResult, export_main, write_repository_files
 from models.dlrm.evaluate import load_model_file
 from models.dlrm.model import Dlrm
 from tasks.core.storage import atomic_directory
 
 MODEL_NAME = "dlrm"
-MAX_ABS_DIFF = 1e-6
+PLATFORM = "pytorch_libtorch"
 
 
 class ServingDlrm(torch.nn.Module):
@@ -44,51 +42,12 @@ class ServingDlrm(torch.nn.Module):
         return torch.sigmoid(self.model(numerical, categorical)).unsqueeze(1)
 
 
-@dataclass
-class ExportResult:
-    repository: str
-    model_file: str
-    num_numerical: int
-    num_categorical: int
-    max_batch_size: int
-    checked_rows: int
-    max_abs_diff: float
-
-
 def example_batch(model: Dlrm, rows: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
     generator = torch.Generator().manual_seed(seed)
     numerical = torch.randn(rows, model.hparams["num_numerical"], generator=generator).to(torch.float16).float()
     cards = model.hparams["categorical_cardinalities"]
     categorical = torch.stack([torch.randint(0, c, (rows,), generator=generator) for c in cards], dim=1)
     return numerical, categorical
-
-
-def triton_config(num_numerical: int, num_categorical: int, max_batch_size: int) -> str:
-    """config.pbtxt of the exported model (Triton's protobuf text format)."""
-    return f"""name: "{MODEL_NAME}"
-platform: "pytorch_libtorch"
-max_batch_size: {max_batch_size}
-input [
-  {{
-    name: "input__0"
-    data_type: TYPE_FP32
-    dims: [ {num_numerical} ]
-  }},
-  {{
-    name: "input__1"
-    data_type: TYPE_INT64
-    dims: [ {num_categorical} ]
-  }}
-]
-output [
-  {{
-    name: "output__0"
-    data_type: TYPE_FP32
-    dims: [ 1 ]
-  }}
-]
-dynamic_batching {{ }}
-"""
 
 
 @torch.no_grad()
@@ -106,10 +65,9 @@ def export(model_path: Path, output_dir: Path, max_batch_size: int = 65536) -> E
         version_dir = tmp / MODEL_NAME / "1"
         version_dir.mkdir(parents=True)
         traced.save(str(version_dir / "model.pt"))
-        (tmp / MODEL_NAME / "config.pbtxt").write_text(triton_config(n_num, n_cat, max_batch_size))
         result = ExportResult(str(output_dir), str(Path(output_dir) / MODEL_NAME / "1" / "model.pt"), n_num, n_cat,
                               max_batch_size, len(numerical), difference)
-        (tmp / "export.json").write_text(json.dumps(asdict(result), indent=2, sort_keys=True))
+        write_repository_files(tmp, result, MODEL_NAME, PLATFORM)
     return result
 
 
@@ -118,20 +76,9 @@ def load_serving_model(path: Path) -> torch.jit.ScriptModule:
     return torch.jit.load(str(path), map_location="cpu").eval()
 
 
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model_path", type=Path, required=True, help="model.pt written by training")
-    parser.add_argument("--output_dir", type=Path, required=True, help="the Triton model repository to write")
-    parser.add_argument("--max_batch_size", type=int, default=65536)
-    return parser.parse_args(argv)
-
-
 def main(argv: list[str] | None = None) -> ExportResult:
-    args = parse_args(argv)
-    result = export(args.model_path, args.output_dir, args.max_batch_size)
-    print(f"exported {args.model_path} to {result.model_file} (TorchScript, Triton repository {result.repository}); "
-          f"max |traced - eager| = {result.max_abs_diff:.2g} on {result.checked_rows} rows", flush=True)
-    return result
+    return export_main(argv, export, __doc__.splitlines()[0], model_help="model.pt written by training",
+                       model_format="TorchScript", check="traced - eager")
 
 
 if __name__ == "__main__":

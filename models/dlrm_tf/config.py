@@ -13,11 +13,11 @@ flags: precision (their --amp), --xla, --interaction (dot or DCNv2 cross, --num_
 from __future__ import annotations
 
 import argparse
-import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from models.dlrm.config import DlrmConfig, LrSchedule, _opt, resolve_schedule
+from models.common.config_flags import add_config_flags, config_from_dict, namespace_values, option
+from models.dlrm.config import DlrmConfig, LrSchedule, resolve_schedule
 
 # DlrmConfig fields with no TensorFlow meaning here, and why (logged once when set away from their default).
 PYTORCH_ONLY = {
@@ -37,24 +37,24 @@ HOST_TABLE_THRESHOLD_BYTES = 75 * 10**9
 @dataclass
 class DlrmTfConfig(DlrmConfig):
     # TensorFlow execution (NVIDIA TF2 flags)
-    precision: str = _opt("auto", "fp32, bf16 (mixed), fp16 (mixed, loss scaling), or auto: fp32, or with --amp "
-                                  "bf16 on CPU / fp16 on GPU (what --amp means to the PyTorch trainer)",
-                          choices=("auto", "fp32", "bf16", "fp16"))
-    xla: bool = _opt(False, "compile the forward/backward step with XLA (jit_compile)")
-    intra_op_threads: int = _opt(0, "TF intra-op threads per worker (0: TF's default / TF_NUM_INTRAOP_THREADS)")
-    inter_op_threads: int = _opt(0, "TF inter-op threads per worker (0: TF's default / TF_NUM_INTEROP_THREADS)")
+    precision: str = option("auto", "fp32, bf16 (mixed), fp16 (mixed, loss scaling), or auto: fp32, or with --amp "
+                                    "bf16 on CPU / fp16 on GPU (what --amp means to the PyTorch trainer)",
+                            choices=("auto", "fp32", "bf16", "fp16"))
+    xla: bool = option(False, "compile the forward/backward step with XLA (jit_compile)")
+    intra_op_threads: int = option(0, "TF intra-op threads per worker (0: TF's default / TF_NUM_INTRAOP_THREADS)")
+    inter_op_threads: int = option(0, "TF inter-op threads per worker (0: TF's default / TF_NUM_INTEROP_THREADS)")
     # model
-    interaction: str = _opt("dot", "dot (DLRM) or cross (DCNv2 cross network)", choices=("dot", "cross"))
-    num_cross_layers: int = _opt(3, "DCNv2 cross layers (interaction=cross)")
-    cross_layer_projection_dim: int = _opt(512, "DCNv2 low-rank projection (0: full rank)")
-    host_table_threshold_bytes: int = _opt(HOST_TABLE_THRESHOLD_BYTES,
-                                           "embedding tables over this many bytes (rows x dim x 4) live in host "
-                                           "memory (/CPU:0) instead of on the strategy's devices")
+    interaction: str = option("dot", "dot (DLRM) or cross (DCNv2 cross network)", choices=("dot", "cross"))
+    num_cross_layers: int = option(3, "DCNv2 cross layers (interaction=cross)")
+    cross_layer_projection_dim: int = option(512, "DCNv2 low-rank projection (0: full rank)")
+    host_table_threshold_bytes: int = option(HOST_TABLE_THRESHOLD_BYTES,
+                                             "embedding tables over this many bytes (rows x dim x 4) live in host "
+                                             "memory (/CPU:0) instead of on the strategy's devices")
     # accepted for the PyTorch trainer's command line, ignored here (PYTORCH_ONLY)
-    sharding: str = _opt("data_parallel", "PyTorch (TorchRec) embedding sharding: ignored by the TF2 trainer")
+    sharding: str = option("data_parallel", "PyTorch (TorchRec) embedding sharding: ignored by the TF2 trainer")
     # test hook
-    stop_after_steps: int | None = _opt(None, "test hook: checkpoint and stop once this many steps are done, "
-                                              "without final outputs (a rerun resumes and finishes)", type=int)
+    stop_after_steps: int | None = option(None, "test hook: checkpoint and stop once this many steps are done, "
+                                                "without final outputs (a rerun resumes and finishes)", type=int)
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -83,33 +83,14 @@ class DlrmTfConfig(DlrmConfig):
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> DlrmTfConfig:
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(values) - known)
-        if unknown:
-            raise ValueError(f"unknown DLRM (TF2) config keys {unknown}")
-        return cls(**values)
+        return config_from_dict(cls, values, "DLRM (TF2)")
 
 
 def build_parser(description: str) -> argparse.ArgumentParser:
     """One `--<field>` per DlrmTfConfig field (the PyTorch trainer's flags plus the TF ones)."""
-    parser = argparse.ArgumentParser(description=description)
-    defaults = DlrmTfConfig()
-    for f in dataclasses.fields(DlrmTfConfig):
-        default = getattr(defaults, f.name)
-        kwargs: dict[str, Any] = {"help": f"{f.metadata['help']} (default: {default})", "default": default}
-        if isinstance(default, bool):
-            kwargs["action"] = argparse.BooleanOptionalAction
-        elif isinstance(default, tuple):
-            kwargs.update(nargs="+", type=int)
-        else:
-            kwargs["type"] = f.metadata.get("type", type(default))
-            if "choices" in f.metadata:
-                kwargs["choices"] = f.metadata["choices"]
-        parser.add_argument(f"--{f.name}", **kwargs)
-    return parser
+    return add_config_flags(argparse.ArgumentParser(description=description), DlrmTfConfig)
 
 
 def parse_args(argv: list[str] | None = None) -> DlrmTfConfig:
     parser = build_parser("train DLRM in TensorFlow 2 on a split-binary dataset (NVIDIA DeepLearningExamples recipe)")
-    names = {f.name for f in dataclasses.fields(DlrmTfConfig)}
-    return DlrmTfConfig(**{k: v for k, v in vars(parser.parse_args(argv)).items() if k in names})
+    return DlrmTfConfig(**namespace_values(DlrmTfConfig, parser.parse_args(argv)))

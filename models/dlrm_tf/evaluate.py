@@ -12,34 +12,22 @@ from __future__ import annotations
 import argparse
 import json
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import tensorflow as tf
 
+from models.common.evaluation import ClickEvalResult, evaluator_parser, write_eval_metrics
 from models.common.metrics import StreamingPredictions
 from models.dlrm_tf import data
 from models.dlrm_tf.model import DlrmTf, DlrmTfModelConfig, build_model
 from models.tfkit.saving import MODEL_CONFIG_FILE, MODEL_WEIGHTS_FILE, KerasModelFiles
 from tasks.core.progress import RankLog
-from tasks.core.storage import write_text_atomic
-from tasks.formats.feature_spec import FEATURE_SPEC_FILE, FeatureSpec
+from tasks.formats.feature_spec import FeatureSpec
 
 ARCHITECTURE = "dlrm_tf"
 MODEL_FILES = KerasModelFiles(ARCHITECTURE, "DLRM (TensorFlow 2)", build_model)
-
-
-@dataclass
-class EvalResult:
-    model_path: Path
-    mapping: str
-    auc: float
-    logloss: float
-    rows: int
-    batches: int
-    seconds: float
-    metrics_path: Path
 
 
 def save_model(out_dir: Path, model: DlrmTf, train_config: dict[str, Any], step: int) -> Path:
@@ -97,12 +85,12 @@ def check_cardinalities(spec: FeatureSpec, model_config: DlrmTfModelConfig, wher
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description="evaluate a recflow TF2 DLRM on a split-binary mapping")
-    parser.add_argument("--model_path", required=True, type=Path,
-                        help=f"{MODEL_WEIGHTS_FILE} written by models.dlrm_tf.train ({MODEL_CONFIG_FILE} beside it)")
-    parser.add_argument("--dataset_dir", default="", help="dataset directory (default: the one the model trained on)")
-    parser.add_argument("--feature_spec", default=FEATURE_SPEC_FILE, help="feature spec file inside dataset_dir")
-    parser.add_argument("--mapping", default="test", help="source_spec mapping to evaluate (default: test)")
+    parser = evaluator_parser(
+        "evaluate a recflow TF2 DLRM on a split-binary mapping",
+        model_help=f"{MODEL_WEIGHTS_FILE} written by models.dlrm_tf.train ({MODEL_CONFIG_FILE} beside it)",
+        dataset_help="dataset directory (default: the one the model trained on)",
+        mapping_help="source_spec mapping to evaluate (default: test)",
+        feature_spec_help="feature spec file inside dataset_dir")
     parser.add_argument("--batch_size", type=int, default=16384)
     parser.add_argument("--limit_batches", type=int, default=None, help="evaluate at most this many batches")
     parser.add_argument("--device", default="auto", choices=("cpu", "cuda", "auto"),
@@ -110,12 +98,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--amp", action=argparse.BooleanOptionalAction, default=False,
                         help="accepted for the PyTorch evaluator's command line; scoring runs in fp32")
     parser.add_argument("--prefetch_depth", type=int, default=4)
-    parser.add_argument("--output_dir", default="",
-                        help="where metrics.json goes (default: <model dir>/eval_<mapping>)")
     return parser.parse_args(argv)
 
 
-def main(argv: list[str] | None = None) -> EvalResult:
+def main(argv: list[str] | None = None) -> ClickEvalResult:
     args = parse_args(argv)
     if args.device == "cpu":
         hide_gpus()
@@ -133,16 +119,14 @@ def main(argv: list[str] | None = None) -> EvalResult:
     metrics = predictions.compute()
     seconds = time.perf_counter() - started
     read_bytes = metrics["rows"] * files.bytes_per_row
-    out_dir = Path(args.output_dir) if args.output_dir else Path(args.model_path).parent / f"eval_{args.mapping}"
-    metrics_path = out_dir / "metrics.json"
     # The reader runs inside tf.data, overlapped with scoring: its rates here are end to end (read + score).
     document_out = {**metrics, "mapping": args.mapping, "model_path": str(args.model_path), "step": document["step"],
                     "seconds": seconds, "read_batches_per_second": batches / seconds if seconds > 0 else 0.0,
                     "read_megabytes_per_second": read_bytes / 1e6 / seconds if seconds > 0 else 0.0}
-    write_text_atomic(metrics_path, json.dumps(document_out, indent=2, sort_keys=True))
+    metrics_path = write_eval_metrics(args, document_out)
     log(f"eval {args.mapping}: auc {metrics['auc']:.5f} logloss {metrics['logloss']:.5f} over {metrics['rows']} rows "
         f"in {seconds:.1f}s -> {metrics_path}")
-    return EvalResult(model_path=Path(args.model_path), mapping=args.mapping, auc=metrics["auc"],
+    return ClickEvalResult(model_path=Path(args.model_path), mapping=args.mapping, auc=metrics["auc"],
                       logloss=metrics["logloss"], rows=metrics["rows"], batches=batches, seconds=seconds,
                       metrics_path=metrics_path)
 

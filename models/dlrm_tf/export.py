@@ -17,32 +17,19 @@ repository appears at once).
 
 from __future__ import annotations
 
-import argparse
-import json
-from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
 import tensorflow as tf
 
+from models.common.triton_export import MAX_ABS_DIFF, ExportResult, export_main, write_repository_files
 from models.dlrm_tf.evaluate import load_model
 from models.dlrm_tf.model import DlrmTf
 from tasks.core.storage import atomic_directory
 
 MODEL_NAME = "dlrm"
 SAVEDMODEL_DIR = "model.savedmodel"
-MAX_ABS_DIFF = 1e-6
-
-
-@dataclass
-class ExportResult:
-    repository: str
-    model_file: str
-    num_numerical: int
-    num_categorical: int
-    max_batch_size: int
-    checked_rows: int
-    max_abs_diff: float
+PLATFORM = "tensorflow_savedmodel"
 
 
 class ServingDlrm(tf.Module):
@@ -69,34 +56,6 @@ def example_batch(model: DlrmTf, rows: int, seed: int) -> tuple[np.ndarray, np.n
     return numerical, categorical.astype(np.int64)
 
 
-def triton_config(num_numerical: int, num_categorical: int, max_batch_size: int) -> str:
-    """config.pbtxt of the exported model (Triton's protobuf text format)."""
-    return f"""name: "{MODEL_NAME}"
-platform: "tensorflow_savedmodel"
-max_batch_size: {max_batch_size}
-input [
-  {{
-    name: "input__0"
-    data_type: TYPE_FP32
-    dims: [ {num_numerical} ]
-  }},
-  {{
-    name: "input__1"
-    data_type: TYPE_INT64
-    dims: [ {num_categorical} ]
-  }}
-]
-output [
-  {{
-    name: "output__0"
-    data_type: TYPE_FP32
-    dims: [ 1 ]
-  }}
-]
-dynamic_batching {{ }}
-"""
-
-
 def export(model_path: Path, output_dir: Path, max_batch_size: int = 65536) -> ExportResult:
     model = load_model(model_path)
     serving = ServingDlrm(model)
@@ -112,10 +71,9 @@ def export(model_path: Path, output_dir: Path, max_batch_size: int = 65536) -> E
         if not difference <= MAX_ABS_DIFF:
             raise RuntimeError(f"SavedModel export of {model_path} differs from the Keras model by {difference:.3g} "
                                f"(> {MAX_ABS_DIFF}): not exported")
-        (tmp / MODEL_NAME / "config.pbtxt").write_text(triton_config(n_num, n_cat, max_batch_size))
         result = ExportResult(str(output_dir), str(Path(output_dir) / MODEL_NAME / "1" / SAVEDMODEL_DIR), n_num,
                               n_cat, max_batch_size, len(numerical), difference)
-        (tmp / "export.json").write_text(json.dumps(asdict(result), indent=2, sort_keys=True))
+        write_repository_files(tmp, result, MODEL_NAME, PLATFORM)
     return result
 
 
@@ -124,20 +82,9 @@ def load_serving_model(path: Path):
     return tf.saved_model.load(str(path)).signatures["serving_default"]
 
 
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model_path", type=Path, required=True, help="model.weights.h5 written by training")
-    parser.add_argument("--output_dir", type=Path, required=True, help="the Triton model repository to write")
-    parser.add_argument("--max_batch_size", type=int, default=65536)
-    return parser.parse_args(argv)
-
-
 def main(argv: list[str] | None = None) -> ExportResult:
-    args = parse_args(argv)
-    result = export(args.model_path, args.output_dir, args.max_batch_size)
-    print(f"exported {args.model_path} to {result.model_file} (SavedModel, Triton repository {result.repository}); "
-          f"max |saved - keras| = {result.max_abs_diff:.2g} on {result.checked_rows} rows", flush=True)
-    return result
+    return export_main(argv, export, __doc__.splitlines()[0], model_help="model.weights.h5 written by training",
+                       model_format="SavedModel", check="saved - keras")
 
 
 if __name__ == "__main__":

@@ -18,7 +18,6 @@ model.weights.h5 + model_config.json, train_log.jsonl, training_curves.png and m
 from __future__ import annotations
 
 import hashlib
-import json
 import sys
 import time
 from dataclasses import dataclass
@@ -36,9 +35,8 @@ from models.dlrm_tf.model import DlrmTf, DlrmTfModelConfig, build_model
 from models.dlrm_tf.steps import make_host_table_sync, make_train_step
 from models.tfkit.cluster import WorkerContext, barrier, start_worker
 from models.tfkit.precision import precision_policy, wrap_optimizer
-from models.tfkit.run_state import RunState, TrainResult
+from models.tfkit.run_state import RunState, TrainResult, check_run_arguments, write_final_outputs
 from tasks.core.progress import ProgressMeter, RankLog, format_bytes, format_duration
-from tasks.core.storage import write_text_atomic
 from tasks.formats.feature_spec import FeatureSpec
 
 
@@ -71,10 +69,7 @@ def weights_checksum(model: keras.Model) -> str:
 
 
 def _setup(cfg: DlrmTfConfig, ctx: WorkerContext) -> _Run:
-    if not cfg.dataset_dir or not cfg.output_dir:
-        raise ValueError("both --dataset_dir and --output_dir are required")
-    if cfg.batch_size % ctx.workers:
-        raise ValueError(f"batch_size {cfg.batch_size} is not divisible by the {ctx.workers} workers")
+    check_run_arguments(cfg.dataset_dir, cfg.output_dir, "batch_size", cfg.batch_size, ctx.workers)
     log = RankLog(ctx.index)
     for name, why in cfg.ignored_settings().items():
         log(f"ignoring --{name}={getattr(cfg, name)}: {why}")
@@ -204,13 +199,9 @@ def _finish(run: _Run, resumed: int | None, meter: ProgressMeter) -> TrainResult
             "embedding_bytes": sum(run.model.config.table_bytes()), "host_tables": run.model.config.host_tables(),
             "resumed_from_step": resumed, "weights_sha256": checksum, "mapping": cfg.test_mapping,
             "framework": "tensorflow", "precision": run.precision, "xla": cfg.xla, "interaction": cfg.interaction}
-        result.model_path = save_model(run.out, run.model, cfg.to_dict(), run.step)
-        result.log_path = run.state.write_log()
-        result.plot_path = plot_training_curves(run.state.records, run.out / "training_curves.png",
-                                                title=f"DLRM (TF2) {run.out.name}")
-        # Written last: a metrics.json newer than the weights means the run's outputs are complete.
-        result.metrics_path = run.out / "metrics.json"
-        write_text_atomic(result.metrics_path, json.dumps(result.final_metrics, indent=2, sort_keys=True))
+        write_final_outputs(result, run.state, lambda: save_model(run.out, run.model, cfg.to_dict(), run.step),
+                            lambda records, path: plot_training_curves(records, path,
+                                                                       title=f"DLRM (TF2) {run.out.name}"))
         run.log(f"done: {run.step} steps, auc {metrics.get('auc', float('nan')):.5f}, {rate:,.0f} samples/s, "
                 f"outputs in {run.out}")
     barrier(run.ctx)  # nobody leaves the collective runtime while the chief still writes
@@ -231,8 +222,7 @@ def train(cfg: DlrmTfConfig, ctx: WorkerContext) -> TrainResult:
                 f"interaction {cfg.interaction}, starting at step {run.step}")
         meter = ProgressMeter(run.total_steps, run.step, cfg.batch_size)
         if _train_epochs(run, meter):
-            return TrainResult(steps=run.step, epochs=cfg.epochs, workers=ctx.workers, resumed_from_step=resumed,
-                               stopped=True, samples_per_second=0.0, final_metrics={}, output_dir=run.out)
+            return TrainResult.stopped_early(run.step, cfg.epochs, ctx.workers, resumed, run.out)
         return _finish(run, resumed, meter)
 
 

@@ -18,7 +18,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import yaml
+
+from tasks.formats.feature_spec import read_spec_document
 
 FEATURE_SPEC_FILE = "feature_spec.yaml"
 USER_CHANNEL, ITEM_CHANNEL, LABEL_CHANNEL = "user_ch", "item_ch", "label_ch"
@@ -75,12 +76,7 @@ def _one_feature(spec_path: Path, channel_spec: dict[str, Any], channel: str) ->
 
 def read_spec(dataset_dir: Path | str, feature_spec: str = FEATURE_SPEC_FILE) -> NcfSpec:
     path = Path(dataset_dir) / feature_spec
-    try:
-        document = yaml.safe_load(path.read_text())
-    except FileNotFoundError:
-        raise NcfDataError(f"{path}: no feature spec here") from None
-    if not isinstance(document, dict):
-        raise NcfDataError(f"{path}: not a feature spec (top level is {type(document).__name__})")
+    document = read_spec_document(path, NcfDataError)
     features, channels = document.get("feature_spec") or {}, document.get("channel_spec") or {}
     user, item = _one_feature(path, channels, USER_CHANNEL), _one_feature(path, channels, ITEM_CHANNEL)
     label = _one_feature(path, channels, LABEL_CHANNEL)

@@ -15,30 +15,22 @@ import argparse
 import json
 import math
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import tensorflow as tf
 
-from models.ncf.data import FEATURE_SPEC_FILE, RankingSeries, load_mapping, ranking_series, read_spec
+from models.common.evaluation import MetricsEvalResult, evaluator_parser, write_eval_metrics
+from models.ncf.data import RankingSeries, load_mapping, ranking_series, read_spec
 from models.ncf.metrics import RankingMetrics, random_baseline
 from models.ncf.model import NeuMF, NeuMFConfig, build_model
 from models.tfkit.saving import MODEL_CONFIG_FILE, MODEL_WEIGHTS_FILE, KerasModelFiles
 from tasks.core.progress import RankLog
-from tasks.core.storage import write_text_atomic
 
 ARCHITECTURE = "neumf"
 MODEL_FILES = KerasModelFiles(ARCHITECTURE, "NeuMF", lambda config: build_model(NeuMFConfig.from_dict(config)))
-
-
-@dataclass
-class EvalResult:
-    model_path: Path
-    mapping: str
-    metrics: dict[str, Any]
-    metrics_path: Path
 
 
 def save_model(out_dir: Path, model: NeuMF, train_config: dict[str, Any], step: int) -> Path:
@@ -115,20 +107,17 @@ def ranking_document(metrics: RankingMetrics, series: RankingSeries, k: int) -> 
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description="evaluate a recflow NeuMF model on a leave-one-out test mapping")
-    parser.add_argument("--model_path", required=True, type=Path, help=f"{MODEL_WEIGHTS_FILE} written by "
-                        f"models.ncf.train ({MODEL_CONFIG_FILE} must sit beside it)")
-    parser.add_argument("--dataset_dir", default="", help="dataset directory (default: the one the model trained on)")
-    parser.add_argument("--feature_spec", default=FEATURE_SPEC_FILE)
-    parser.add_argument("--mapping", default="test", help="source_spec mapping of [positive, negatives] series")
+    parser = evaluator_parser(
+        "evaluate a recflow NeuMF model on a leave-one-out test mapping",
+        model_help=f"{MODEL_WEIGHTS_FILE} written by models.ncf.train ({MODEL_CONFIG_FILE} must sit beside it)",
+        dataset_help="dataset directory (default: the one the model trained on)",
+        mapping_help="source_spec mapping of [positive, negatives] series")
     parser.add_argument("--topk", type=int, default=10)
     parser.add_argument("--users_per_batch", type=int, default=5000)
-    parser.add_argument("--output_dir", default="",
-                        help="where metrics.json goes (default: <model dir>/eval_<mapping>)")
     return parser.parse_args(argv)
 
 
-def main(argv: list[str] | None = None) -> EvalResult:
+def main(argv: list[str] | None = None) -> MetricsEvalResult:
     args = parse_args(argv)
     log = RankLog(0)
     document = read_model_config(args.model_path)
@@ -145,16 +134,14 @@ def main(argv: list[str] | None = None) -> EvalResult:
         f"{series.users.shape[0]} users x {series.samples_per_series} samples")
     metrics = evaluate_ranking(model, series, args.topk, args.users_per_batch)
     seconds = time.perf_counter() - started
-    out_dir = Path(args.output_dir) if args.output_dir else Path(args.model_path).parent / f"eval_{args.mapping}"
     result = {**ranking_document(metrics, series, args.topk), "mapping": args.mapping,
               "model_path": str(args.model_path), "step": document["step"], "seconds": seconds}
-    metrics_path = out_dir / "metrics.json"
-    write_text_atomic(metrics_path, json.dumps(result, indent=2, sort_keys=True))
+    metrics_path = write_eval_metrics(args, result)
     k = args.topk
     log(f"eval {args.mapping}: hr@{k} {metrics.hit_rate:.4f} ndcg@{k} {metrics.ndcg:.4f} (random "
         f"{result[f'random_hr@{k}']:.4f} / {result[f'random_ndcg@{k}']:.4f}) over {metrics.users} users in "
         f"{seconds:.1f}s -> {metrics_path}")
-    return EvalResult(model_path=Path(args.model_path), mapping=args.mapping, metrics=result,
+    return MetricsEvalResult(model_path=Path(args.model_path), mapping=args.mapping, metrics=result,
                       metrics_path=metrics_path)
 
 

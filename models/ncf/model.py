@@ -18,6 +18,8 @@ from typing import Any
 import keras
 import tensorflow as tf
 
+from models.tfkit.training import seeded_dropout
+
 
 @dataclass(frozen=True)
 class NeuMFConfig:
@@ -75,10 +77,7 @@ class NeuMF(keras.Model):
         for index, layer in enumerate(self.mlp_layers):
             x = layer(x)
             if training and self.config.dropout > 0:
-                if dropout_seed is None:
-                    raise ValueError("training with dropout needs a dropout_seed (the trainer passes (seed, step))")
-                seed = tf.cast(dropout_seed, tf.int64) + tf.constant([0, index * 1_000_003], tf.int64)
-                x = tf.nn.experimental.stateless_dropout(x, rate=self.config.dropout, seed=seed)
+                x = seeded_dropout(x, self.config.dropout, dropout_seed, index)
         logits = self.final(tf.concat([gmf, tf.cast(x, gmf.dtype)], axis=-1))
         return tf.squeeze(logits, axis=-1)
 

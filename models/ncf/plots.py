@@ -10,25 +10,16 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import matplotlib
+from matplotlib.figure import Figure
 
-matplotlib.use("Agg")
-
-from matplotlib.figure import Figure  # noqa: E402  (after choosing the backend)
-
-from tasks.core.storage import atomic_file  # noqa: E402
+from models.common.plots import plot_epoch_loss, save_figure  # sets the headless Agg backend
 
 
 def plot_ranking_curves(records: Sequence[dict[str, Any]], path: Path, k: int, title: str = "NeuMF") -> Path:
     """records: one per epoch with `epoch`, `loss` and, on evaluated epochs, `hr@k` / `ndcg@k`."""
     figure = Figure(figsize=(10, 4), dpi=100)
     loss_axes, rank_axes = figure.subplots(1, 2)
-    loss_axes.plot([r["epoch"] for r in records], [r["loss"] for r in records], "o-", color="tab:blue",
-                   label="train loss")
-    loss_axes.set_xlabel("epoch")
-    loss_axes.set_ylabel("BCE (epoch mean)")
-    loss_axes.set_title("training loss")
-    loss_axes.grid(alpha=0.3)
+    plot_epoch_loss(loss_axes, records)
     evals = [r for r in records if r.get(f"hr@{k}") is not None]
     for key, color in ((f"hr@{k}", "tab:green"), (f"ndcg@{k}", "tab:orange")):
         rank_axes.plot([r["epoch"] for r in evals], [r[key] for r in evals], "o-", color=color, label=key)
@@ -38,8 +29,4 @@ def plot_ranking_curves(records: Sequence[dict[str, Any]], path: Path, k: int, t
     rank_axes.grid(alpha=0.3)
     if evals:
         rank_axes.legend()
-    figure.suptitle(title)
-    figure.tight_layout()
-    with atomic_file(path, "wb") as f:
-        figure.savefig(f, format="png")
-    return path
+    return save_figure(figure, title, path)

@@ -39,6 +39,12 @@ class TrainResult:
     log_path: Path | None = None
     plot_path: Path | None = None
 
+    @classmethod
+    def stopped_early(cls, step: int, epochs: int, workers: int, resumed: int | None, out: Path) -> TrainResult:
+        """The result of a run that stop_after_steps ended at `step`: a checkpoint, no final outputs."""
+        return cls(steps=step, epochs=epochs, workers=workers, resumed_from_step=resumed, stopped=True,
+                   samples_per_second=0.0, final_metrics={}, output_dir=out)
+
 
 class RunState:
     """OUT/checkpoints (tf.train checkpoints of `checkpoint`, which tracks `step_var`), its run.json, and the run's
@@ -92,3 +98,23 @@ class RunState:
     def write_log(self) -> Path:
         """train_log.jsonl rewritten to hold exactly the records (the chief only)."""
         return write_records(self.out, self.records)
+
+
+def check_run_arguments(dataset_dir: str, output_dir: str, batch_flag: str, global_batch: int, workers: int) -> None:
+    """Refuse a run without its dataset and output folders, or whose global batch (the flag `batch_flag`) the
+    workers cannot split evenly."""
+    if not dataset_dir or not output_dir:
+        raise ValueError("both --dataset_dir and --output_dir are required")
+    if global_batch % workers:
+        raise ValueError(f"{batch_flag} {global_batch} is not divisible by the {workers} workers")
+
+
+def write_final_outputs(result: TrainResult, state: RunState, save_model: Callable[[], Path],
+                        plot: Callable[[list[dict[str, Any]], Path], Path]) -> None:
+    """The chief's outputs of a finished run, named on `result`: the model, train_log.jsonl, training_curves.png
+    and, last, metrics.json (`result.final_metrics`): a metrics.json newer than the weights means they are complete."""
+    result.model_path = save_model()
+    result.log_path = state.write_log()
+    result.plot_path = plot(state.records, state.out / "training_curves.png")
+    result.metrics_path = state.out / "metrics.json"
+    write_text_atomic(result.metrics_path, json.dumps(result.final_metrics, indent=2, sort_keys=True))

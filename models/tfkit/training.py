@@ -1,5 +1,6 @@
 """The global training step of a custom multi-worker loop (strategy.run around a @tf.function step; Keras 3's
-`fit` under MultiWorkerMirroredStrategy has open failure reports)."""
+`fit` under MultiWorkerMirroredStrategy has open failure reports), and the dropout its models draw from the
+step's seed."""
 
 from __future__ import annotations
 
@@ -100,3 +101,12 @@ def _as_slices(dense: tf.Tensor) -> tf.IndexedSlices:
 
 def _dense_parts(gradients: list[Any]) -> list[tf.Tensor]:
     return [g.values if isinstance(g, tf.IndexedSlices) else g for g in gradients]
+
+
+def seeded_dropout(x: tf.Tensor, rate: float, dropout_seed: tf.Tensor | None, layer: int) -> tf.Tensor:
+    """Dropout after hidden layer `layer` in training, its mask drawn from `dropout_seed` (the trainer passes
+    (seed, step)) offset per layer: a resumed run draws the masks a straight run would."""
+    if dropout_seed is None:
+        raise ValueError("training with dropout needs a dropout_seed (the trainer passes (seed, step))")
+    seed = tf.cast(dropout_seed, tf.int64) + tf.constant([0, layer * 1_000_003], tf.int64)
+    return tf.nn.experimental.stateless_dropout(x, rate=rate, seed=seed)

@@ -13,11 +13,12 @@ Flags accept what both callers send: `--xla 1` / `--xla 0` (NVIDIA-style and doc
 from __future__ import annotations
 
 import argparse
-import dataclasses
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import yaml
+
+from models.common.config_flags import add_config_flags, config_dict, namespace_values, option
 
 # NVIDIA's EMBEDDING_DIMENSIONS (data/outbrain/embedding_sizes.json); features not named here get DEFAULT_EMBEDDING_DIM.
 NVIDIA_EMBEDDING_DIMS = {"document_id": 128, "ad_id": 128, "document_id_promo": 128, "campaign_id": 128,
@@ -26,58 +27,50 @@ DEFAULT_EMBEDDING_DIM = 64
 PRECISIONS = ("fp32", "amp")
 
 
-def _opt(default: Any, help: str, **extra: Any) -> Any:  # noqa: A002 - argparse's own word
-    if isinstance(default, (list, tuple)):
-        return field(default_factory=lambda: tuple(default), metadata={"help": help, **extra})
-    if isinstance(default, dict):
-        return field(default_factory=lambda: dict(default), metadata={"help": help, **extra})
-    return field(default=default, metadata={"help": help, **extra})
-
-
 @dataclass
 class WideDeepConfig:
     # data and outputs
-    dataset_dir: str = _opt("", "tfrecords directory holding feature_spec.yaml (docs/OUTBRAIN.md)")
-    feature_spec: str = _opt("feature_spec.yaml", "feature spec file name inside dataset_dir")
-    output_dir: str = _opt("", "run directory: checkpoints/, model.weights.h5, metrics.json, train_log.jsonl, plot")
-    train_mapping: str = _opt("train", "source_spec mapping to train on")
-    test_mapping: str = _opt("test", "source_spec mapping to evaluate on (needs the map channel: display_id)")
+    dataset_dir: str = option("", "tfrecords directory holding feature_spec.yaml (docs/OUTBRAIN.md)")
+    feature_spec: str = option("feature_spec.yaml", "feature spec file name inside dataset_dir")
+    output_dir: str = option("", "run directory: checkpoints/, model.weights.h5, metrics.json, train_log.jsonl, plot")
+    train_mapping: str = option("train", "source_spec mapping to train on")
+    test_mapping: str = option("test", "source_spec mapping to evaluate on (needs the map channel: display_id)")
     # model (NVIDIA defaults)
-    deep_hidden_units: tuple[int, ...] = _opt((1024,) * 5, "deep MLP widths (ReLU)")
-    deep_dropout: float = _opt(0.1, "dropout after each deep layer")
-    embedding_dims: dict[str, int] = _opt({}, "JSON {feature: dim} overriding NVIDIA's per-feature dims "
-                                              "(128 for document_id, ad_id, document_id_promo, campaign_id; platform "
-                                              "19; rest 64)", type=str)
-    embedding_dim: int = _opt(0, "one dim for every deep embedding (0: the per-feature dims)")
-    combiner: str = _opt("sum", "pooling of a multi-hot feature's embeddings over its non-padding values",
-                         choices=("sum", "mean"))
+    deep_hidden_units: tuple[int, ...] = option((1024,) * 5, "deep MLP widths (ReLU)")
+    deep_dropout: float = option(0.1, "dropout after each deep layer")
+    embedding_dims: dict[str, int] = option({}, "JSON {feature: dim} overriding NVIDIA's per-feature dims "
+                                                "(128 for document_id, ad_id, document_id_promo, campaign_id; platform "
+                                                "19; rest 64)", type=str)
+    embedding_dim: int = option(0, "one dim for every deep embedding (0: the per-feature dims)")
+    combiner: str = option("sum", "pooling of a multi-hot feature's embeddings over its non-padding values",
+                           choices=("sum", "mean"))
     # optimisation (NVIDIA TF2: FTRL 0.02 wide, RMSProp rho 0.5 at 0.00012 deep, 6 warmup epochs)
-    global_batch_size: int = _opt(131072, "global training batch, split evenly across workers")
-    eval_batch_size: int = _opt(131072, "evaluation batch (the chief scores the whole test mapping)")
-    epochs: int = _opt(20, "passes over the training mapping")
-    linear_learning_rate: float = _opt(0.02, "FTRL learning rate of the wide (linear) part")
-    deep_learning_rate: float = _opt(0.00012, "RMSProp learning rate of the deep part after warmup (NVIDIA's "
-                                              "schedule: then /4, and /8 from halfway through the rest)")
-    deep_warmup_epochs: float = _opt(6.0, "epochs of linear deep learning-rate warmup from 0")
-    seed: int = _opt(12345, "seed for weights, shuffling and dropout")
+    global_batch_size: int = option(131072, "global training batch, split evenly across workers")
+    eval_batch_size: int = option(131072, "evaluation batch (the chief scores the whole test mapping)")
+    epochs: int = option(20, "passes over the training mapping")
+    linear_learning_rate: float = option(0.02, "FTRL learning rate of the wide (linear) part")
+    deep_learning_rate: float = option(0.00012, "RMSProp learning rate of the deep part after warmup (NVIDIA's "
+                                                "schedule: then /4, and /8 from halfway through the rest)")
+    deep_warmup_epochs: float = option(6.0, "epochs of linear deep learning-rate warmup from 0")
+    seed: int = option(12345, "seed for weights, shuffling and dropout")
     # evaluation
-    map_k: int = _opt(12, "k of MAP@k over displays")
-    eval_every: int = _opt(1, "evaluate every N epochs (the last epoch always)")
+    map_k: int = option(12, "k of MAP@k over displays")
+    eval_every: int = option(1, "evaluate every N epochs (the last epoch always)")
     # execution
-    precision: str = _opt("fp32", "fp32, or amp: mixed precision (bf16 on CPU, fp16 with loss scaling on GPU)",
-                          choices=PRECISIONS)
-    xla: bool = _opt(False, "compile the forward/backward step with XLA (jit_compile): --xla 1|0 or --[no-]xla")
-    intra_op_threads: int = _opt(0, "TF intra-op threads per worker (0: TF's default / TF_NUM_INTRAOP_THREADS)")
-    inter_op_threads: int = _opt(0, "TF inter-op threads per worker (0: TF's default / TF_NUM_INTEROP_THREADS)")
-    shuffle_blocks: int = _opt(64, "shuffle buffer of the training reader, in prebatched blocks (records)")
+    precision: str = option("fp32", "fp32, or amp: mixed precision (bf16 on CPU, fp16 with loss scaling on GPU)",
+                            choices=PRECISIONS)
+    xla: bool = option(False, "compile the forward/backward step with XLA (jit_compile): --xla 1|0 or --[no-]xla")
+    intra_op_threads: int = option(0, "TF intra-op threads per worker (0: TF's default / TF_NUM_INTRAOP_THREADS)")
+    inter_op_threads: int = option(0, "TF inter-op threads per worker (0: TF's default / TF_NUM_INTEROP_THREADS)")
+    shuffle_blocks: int = option(64, "shuffle buffer of the training reader, in prebatched blocks (records)")
     # run length and cadence
-    limit_train_batches: int | None = _opt(None, "stop each epoch after this many steps", type=int)
-    limit_eval_batches: int | None = _opt(None, "score only this many eval batches (smoke runs)", type=int)
-    log_every_steps: int = _opt(100, "progress line interval in steps")
-    checkpoint_every_steps: int = _opt(0, "also checkpoint every N steps (0: at the end of each epoch only)")
-    keep_checkpoints: int = _opt(3, "how many checkpoints to keep (0: all)")
-    stop_after_steps: int | None = _opt(None, "test hook: checkpoint and stop once this many steps are done, "
-                                              "without final outputs (a resumed run finishes)", type=int)
+    limit_train_batches: int | None = option(None, "stop each epoch after this many steps", type=int)
+    limit_eval_batches: int | None = option(None, "score only this many eval batches (smoke runs)", type=int)
+    log_every_steps: int = option(100, "progress line interval in steps")
+    checkpoint_every_steps: int = option(0, "also checkpoint every N steps (0: at the end of each epoch only)")
+    keep_checkpoints: int = option(3, "how many checkpoints to keep (0: all)")
+    stop_after_steps: int | None = option(None, "test hook: checkpoint and stop once this many steps are done, "
+                                                "without final outputs (a resumed run finishes)", type=int)
 
     def __post_init__(self) -> None:
         self.deep_hidden_units = tuple(int(u) for u in self.deep_hidden_units)
@@ -97,7 +90,7 @@ class WideDeepConfig:
             raise ValueError(f"precision must be one of {PRECISIONS}, got {self.precision!r}")
 
     def to_dict(self) -> dict[str, Any]:
-        return {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(self).items()}
+        return config_dict(self)
 
 
 def parse_embedding_dims(value: str | dict[str, Any] | None) -> dict[str, int]:
@@ -127,28 +120,19 @@ def _flag_bool(text: str) -> bool:
     raise argparse.ArgumentTypeError(f"expected 0/1 or true/false, got {text!r}")
 
 
+def _add_bool_flag(parser: argparse.ArgumentParser, name: str, kwargs: dict[str, Any]) -> None:
+    """`--<name>` alone, `--<name> 1|0|true|false` (NVIDIA-style) or `--no-<name>`."""
+    parser.add_argument(f"--{name}", nargs="?", const=True, type=_flag_bool, **kwargs)
+    parser.add_argument(f"--no-{name}", dest=name, action="store_false", help=argparse.SUPPRESS)
+
+
 def build_parser(description: str) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(description=description)
-    defaults = WideDeepConfig()
-    for f in dataclasses.fields(WideDeepConfig):
-        default = getattr(defaults, f.name)
-        kwargs: dict[str, Any] = {"help": f"{f.metadata['help']} (default: {default})", "default": default}
-        if isinstance(default, bool):
-            parser.add_argument(f"--{f.name}", nargs="?", const=True, type=_flag_bool, **kwargs)
-            parser.add_argument(f"--no-{f.name}", dest=f.name, action="store_false", help=argparse.SUPPRESS)
-            continue
-        if isinstance(default, tuple):
-            kwargs["nargs"] = "+"
-        else:
-            kwargs["type"] = f.metadata.get("type", type(default))
-            if "choices" in f.metadata:
-                kwargs["choices"] = f.metadata["choices"]
-        parser.add_argument(f"--{f.name}", **kwargs)
-    return parser
+    # a tuple flag takes strings: `1024,1024` or `1024 1024` (config_from_namespace splits them)
+    return add_config_flags(argparse.ArgumentParser(description=description), WideDeepConfig,
+                            add_bool=_add_bool_flag, tuple_item=str)
 
 
 def config_from_namespace(namespace: argparse.Namespace) -> WideDeepConfig:
-    names = {f.name for f in dataclasses.fields(WideDeepConfig)}
-    values = {k: v for k, v in vars(namespace).items() if k in names}
+    values = namespace_values(WideDeepConfig, namespace)
     values["deep_hidden_units"] = _hidden_units(list(values["deep_hidden_units"]))
     return WideDeepConfig(**values)

@@ -27,7 +27,8 @@ from typing import Any
 
 import numpy as np
 import tensorflow as tf
-import yaml
+
+from tasks.formats.feature_spec import read_spec_document
 
 FEATURE_SPEC_FILE = "feature_spec.yaml"
 ONEHOT_CHANNEL, MULTIHOT_CHANNEL, NUMERICAL_CHANNEL = "onehot_categorical", "multihot_categorical", "numerical"
@@ -122,12 +123,7 @@ def _mapping_source(path: Path, mapping: str, chunks: Any, metadata: dict[str, A
 
 def read_spec(dataset_dir: Path | str, feature_spec: str = FEATURE_SPEC_FILE) -> WideDeepSpec:
     path = Path(dataset_dir) / feature_spec
-    try:
-        document = yaml.safe_load(path.read_text())
-    except FileNotFoundError:
-        raise WideDeepDataError(f"{path}: no feature spec here") from None
-    if not isinstance(document, dict):
-        raise WideDeepDataError(f"{path}: not a feature spec (top level is {type(document).__name__})")
+    document = read_spec_document(path, WideDeepDataError)
     features, channels = document.get("feature_spec") or {}, document.get("channel_spec") or {}
     onehot, multihot = _channel(path, channels, ONEHOT_CHANNEL), _channel(path, channels, MULTIHOT_CHANNEL)
     numerical, labels = _channel(path, channels, NUMERICAL_CHANNEL), _channel(path, channels, LABEL_CHANNEL)

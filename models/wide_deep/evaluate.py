@@ -15,31 +15,23 @@ from __future__ import annotations
 import argparse
 import json
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import tensorflow as tf
 
+from models.common.evaluation import MetricsEvalResult, evaluator_parser, write_eval_metrics
 from models.common.metrics import StreamingPredictions
 from models.tfkit.saving import MODEL_CONFIG_FILE, MODEL_WEIGHTS_FILE, KerasModelFiles
-from models.wide_deep.data import FEATURE_SPEC_FILE, WideDeepSpec, make_dataset, read_spec
+from models.wide_deep.data import WideDeepSpec, make_dataset, read_spec
 from models.wide_deep.metrics import MapAccumulator
 from models.wide_deep.model import WideDeep, WideDeepModelConfig, build_model
 from tasks.core.progress import RankLog
-from tasks.core.storage import write_text_atomic
 
 ARCHITECTURE = "wide_deep"
 MODEL_FILES = KerasModelFiles(ARCHITECTURE, "Wide & Deep",
                               lambda config: build_model(WideDeepModelConfig.from_dict(config)))
-
-
-@dataclass
-class EvalResult:
-    model_path: Path
-    mapping: str
-    metrics: dict[str, Any]
-    metrics_path: Path
 
 
 def save_model(out_dir: Path, model: WideDeep, train_config: dict[str, Any], step: int) -> Path:
@@ -94,20 +86,17 @@ def evaluate_mapping(model: WideDeep, spec: WideDeepSpec, mapping: str, batch_si
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description="evaluate a recflow Wide & Deep model (MAP@k, AUC, logloss)")
-    parser.add_argument("--model_path", required=True, type=Path, help=f"{MODEL_WEIGHTS_FILE} written by "
-                        f"models.wide_deep.train ({MODEL_CONFIG_FILE} must sit beside it)")
-    parser.add_argument("--dataset_dir", default="", help="tfrecords directory (default: the one trained on)")
-    parser.add_argument("--feature_spec", default=FEATURE_SPEC_FILE)
-    parser.add_argument("--mapping", default="test", help="source_spec mapping with display_id (the map channel)")
+    parser = evaluator_parser(
+        "evaluate a recflow Wide & Deep model (MAP@k, AUC, logloss)",
+        model_help=f"{MODEL_WEIGHTS_FILE} written by models.wide_deep.train ({MODEL_CONFIG_FILE} must sit beside it)",
+        dataset_help="tfrecords directory (default: the one trained on)",
+        mapping_help="source_spec mapping with display_id (the map channel)")
     parser.add_argument("--map_k", type=int, default=12)
     parser.add_argument("--eval_batch_size", type=int, default=131072)
-    parser.add_argument("--output_dir", default="",
-                        help="where metrics.json goes (default: <model dir>/eval_<mapping>)")
     return parser.parse_args(argv)
 
 
-def main(argv: list[str] | None = None) -> EvalResult:
+def main(argv: list[str] | None = None) -> MetricsEvalResult:
     args = parse_args(argv)
     log = RankLog(0)
     document = read_model_config(args.model_path)
@@ -120,17 +109,15 @@ def main(argv: list[str] | None = None) -> EvalResult:
     started = time.perf_counter()
     metrics = evaluate_mapping(model, spec, args.mapping, args.eval_batch_size, args.map_k)
     seconds = time.perf_counter() - started
-    out_dir = Path(args.output_dir) if args.output_dir else Path(args.model_path).parent / f"eval_{args.mapping}"
     result = {**metrics, "mapping": args.mapping, "model_path": str(args.model_path), "step": document["step"],
               "seconds": seconds}
-    metrics_path = out_dir / "metrics.json"
-    write_text_atomic(metrics_path, json.dumps(result, indent=2, sort_keys=True))
+    metrics_path = write_eval_metrics(args, result)
     k = args.map_k
     log(f"eval {args.mapping}: map@{k} {metrics[f'map@{k}']:.4f} (random {metrics[f'random_map@{k}']:.4f}) auc "
         f"{metrics['auc']:.4f} logloss {metrics['logloss']:.4f} over {metrics['rows']:,} rows / "
         f"{metrics['displays']:,} displays in {seconds:.1f}s ({metrics['rows'] / max(seconds, 1e-9):,.0f} rows/s) "
         f"-> {metrics_path}")
-    return EvalResult(model_path=Path(args.model_path), mapping=args.mapping, metrics=result,
+    return MetricsEvalResult(model_path=Path(args.model_path), mapping=args.mapping, metrics=result,
                       metrics_path=metrics_path)
 
 

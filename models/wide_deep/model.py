@@ -26,6 +26,8 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from models.tfkit.training import seeded_dropout
+
 WIDE_LAYERS = ("wide_categorical", "wide_numerical")  # variables trained by FTRL; everything else is deep
 
 
@@ -136,10 +138,7 @@ class WideDeep(keras.Model):
         for index, layer in enumerate(self.deep_layers):
             x = layer(x)
             if training and self.config.dropout > 0:
-                if dropout_seed is None:
-                    raise ValueError("training with dropout needs a dropout_seed (the trainer passes (seed, step))")
-                seed = tf.cast(dropout_seed, tf.int64) + tf.constant([0, index * 1_000_003], tf.int64)
-                x = tf.nn.experimental.stateless_dropout(x, rate=self.config.dropout, seed=seed)
+                x = seeded_dropout(x, self.config.dropout, dropout_seed, index)
         return tf.squeeze(self.deep_output(x), axis=-1)
 
     def call(self, features: dict[str, tf.Tensor], training: bool = False,

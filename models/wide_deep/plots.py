@@ -7,24 +7,16 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import matplotlib
+from matplotlib.figure import Figure
 
-matplotlib.use("Agg")
-
-from matplotlib.figure import Figure  # noqa: E402  (after choosing the backend)
-
-from tasks.core.storage import atomic_file  # noqa: E402
+from models.common.plots import plot_epoch_loss, save_figure  # sets the headless Agg backend
 
 
 def plot_wide_deep_curves(records: Sequence[dict[str, Any]], path: Path, k: int, title: str = "Wide & Deep") -> Path:
     """records: one per epoch with `epoch`, `loss` and, on evaluated epochs, `map@k`, `random_map@k`, `auc`."""
     figure = Figure(figsize=(13, 4), dpi=100)
     loss_axes, map_axes, auc_axes = figure.subplots(1, 3)
-    loss_axes.plot([r["epoch"] for r in records], [r["loss"] for r in records], "o-", color="tab:blue")
-    loss_axes.set_xlabel("epoch")
-    loss_axes.set_ylabel("BCE (epoch mean)")
-    loss_axes.set_title("training loss")
-    loss_axes.grid(alpha=0.3)
+    plot_epoch_loss(loss_axes, records)
     evals = [r for r in records if r.get(f"map@{k}") is not None]
     epochs = [r["epoch"] for r in evals]
     map_axes.plot(epochs, [r[f"map@{k}"] for r in evals], "o-", color="tab:green", label=f"MAP@{k}")
@@ -38,8 +30,4 @@ def plot_wide_deep_curves(records: Sequence[dict[str, Any]], path: Path, k: int,
     auc_axes.grid(alpha=0.3)
     if evals:
         map_axes.legend()
-    figure.suptitle(title)
-    figure.tight_layout()
-    with atomic_file(path, "wb") as f:
-        figure.savefig(f, format="png")
-    return path
+    return save_figure(figure, title, path)

@@ -26,10 +26,10 @@ from dataclasses import asdict
 
 from spark_jobs.common import configure_logging, log, run_job, spark_session
 from tasks.criteo.contract import (CARDINALITIES_FILE, DICTIONARY, MODEL_SIZE_FILE, DictionaryResult,  # noqa: F401
-                                   column_thresholds, parse_threshold_overrides, write_sizes)
+                                   column_thresholds, parse_threshold_overrides, record_dictionary)
 from tasks.criteo.contract import parse_dictionary_args as parse_args
 from tasks.criteo.schema import CAT_COLUMNS
-from tasks.core.storage import Manifest, atomic_directory, write_manifest
+from tasks.core.storage import atomic_directory
 
 
 def summed_counts(spark, counts_dirs: Sequence[str]):
@@ -101,15 +101,7 @@ def main(argv: Sequence[str]) -> DictionaryResult:
         # The window's output is already sorted by (column, id) within each file: no global sort needed.
         assign_ids(kept).write.parquet(str(tmp / DICTIONARY))
         shutil.rmtree(summed_path)
-        cardinalities = write_sizes(tmp, summary)
-        values = sum(int(s["kept"]) for s in summary.values())
-        for name, s in summary.items():
-            log.info("%s: threshold %d, kept %d values, dropped %d, %.2f%% of occurrences kept", name,
-                     s["threshold"], s["kept"], s["dropped"], 100 * float(s["occurrences_kept_share"]))
-        manifest = Manifest(kind="criteo_dictionary", inputs=json.loads(args.inputs_json), rows={"values": values},
-                            extra={"counts": list(args.counts), "frequency_threshold": args.frequency_threshold,
-                                   "cardinalities": cardinalities, "summary": summary})
-        write_manifest(tmp, manifest)
+        cardinalities, values = record_dictionary(tmp, args, summary, log)
     log.info("dictionary: %d values over %d columns in %s", values, len(CAT_COLUMNS), args.output)
     return DictionaryResult(str(args.output), values, cardinalities)
 

@@ -48,11 +48,11 @@ from pathlib import Path
 
 from spark_jobs.common import configure_logging, log, run_job, spark_session
 from tasks.criteo.contract import (DICTIONARY, INDEX_MASK, LOOKUPS, MAPPINGS, PARTITION_SHIFT,  # noqa: F401
-                                   ROW_ORDER, TransformResult, load_cardinalities)
+                                   ROW_ORDER, TransformResult, load_cardinalities, record_transform)
 from tasks.criteo.contract import parse_transform_args as parse_args
 from tasks.criteo.schema import CAT_COLUMNS, INT_COLUMNS, LABEL, NUM_INT_FEATURES
 from tasks.core.progress import ProgressLog
-from tasks.core.storage import Manifest, atomic_directory, write_manifest
+from tasks.core.storage import atomic_directory
 
 SOURCE = "_source"         # index of the input day, so (SOURCE, ROW_ORDER) identifies a row of the window
 OUTPUT_COLUMNS = (LABEL, *INT_COLUMNS, *CAT_COLUMNS)
@@ -359,15 +359,7 @@ def main(argv: Sequence[str]) -> TransformResult:
         write_dataset(tmp, streams, cardinalities, NUM_INT_FEATURES)
         shutil.rmtree(tmp / PARQUET_TMP, ignore_errors=True)
         rows = {name: stream.rows for name, stream in streams.items()}
-        if rows["train"] == 0:
-            raise ValueError(f"the train days hold no rows: {', '.join(args.train_days)}")
-        if (rows["test"], rows["validation"]) != (n // 2, n - n // 2):
-            raise RuntimeError(f"test/validation wrote {rows['test']}/{rows['validation']} rows, expected "
-                               f"{n // 2}/{n - n // 2} of the test day's {n}")
-        manifest = Manifest(kind="criteo_transform", inputs=json.loads(args.inputs_json), rows=rows,
-                            extra={"cardinalities": cardinalities, "seed": args.seed, "split_row_order": split,
-                                   "joins": joins, "train_days": list(args.train_days), "test_day": args.test_day})
-        write_manifest(tmp, manifest)
+        record_transform(tmp, args, rows, n, cardinalities, split, joins)
     log.info("dataset %s: %s rows", args.output, rows)
     return TransformResult(str(args.output), rows, cardinalities, split, joins)
 

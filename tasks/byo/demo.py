@@ -15,7 +15,7 @@ from pathlib import Path
 import yaml
 
 from tasks.core.config import load_settings
-from tasks.dagkit.local_run import print_tasks, run_dag
+from tasks.dagkit.local_run import describe_click_metrics, print_run_outcome, print_tasks, run_dag
 
 DEMO_SPEC: dict = {  # NVIDIA's tests/transcoding/small_csv.yaml, with cat_1 and cat_2 left to the transcode
     "channel_spec": {"categorical": [f"cat_{i}.bin" for i in range(6)], "label": ["label"],
@@ -86,11 +86,7 @@ def print_outcome(settings, run: dict) -> None:
     if dataset:
         print(f"transcoded rows {dataset['rows']}, cardinalities {dataset['extra']['cardinalities']} "
               f"(cat_1, cat_2 were 'auto'), bad rows dropped {dataset['extra']['dropped']}")
-    metrics_file = paths.evaluation / "metrics.json"
-    if metrics_file.exists():
-        metrics = json.loads(metrics_file.read_text())
-        print(f"test AUC {metrics['auc']:.4f}, logloss {metrics['logloss']:.4f} on {metrics['rows']} rows")
-    print(f"run outputs: {paths.root} (source/, validated/, dataset/, train/, eval/, gate/)")
+    print_run_outcome(paths, describe_click_metrics, "source/, validated/, dataset/, train/, eval/, gate/")
     latest = latest_version(settings.publish_store, "byo_dlrm")
     if run["tasks"].get("publish", {}).get("state") == "success" and latest:
         print(f"published: {latest['uri']} (version {latest['version']})")

@@ -308,6 +308,25 @@ def _child_env(nproc: int) -> dict[str, str]:
     return env
 
 
+def _record_finished_training(output_dir: Path, module: str, inputs: dict[str, Any], model_file: str,
+                              started: float, multi_node: bool) -> dict[str, Any]:
+    """Once the training children exited well: on a multi-node run wait for the chief's outputs, then mark the
+    output folder done with the run's metrics; its manifest."""
+    if multi_node:
+        _wait_for_outputs(output_dir, model_file, started)
+    metrics = json.loads((output_dir / METRICS_FILE).read_text())
+    done_manifest = Manifest(kind=f"training:{module}", inputs=inputs, extra={"metrics": metrics})
+    # Checkpoints are excluded from the checksummed file list: they rotate and can be large.
+    write_manifest(output_dir, done_manifest, checksum=False)
+    return read_manifest(output_dir)
+
+
+def _training_result(output_dir: Path, model_file: str, done: dict[str, Any]) -> dict[str, Any]:
+    """What a training task returns through XCom: paths and the metrics of its done manifest."""
+    return {"output_dir": str(output_dir), "model_path": str(output_dir / model_file),
+            "metrics": done["extra"]["metrics"], "plot": str(output_dir / "training_curves.png")}
+
+
 def train_with_torchrun(module: str, dataset_dir: Path, output_dir: Path, config: Mapping[str, Any], *,
                         nproc: int = 1, label: str = "train", nodes: NodeLayout | None = None,
                         memory: MemoryNeed | None = None) -> dict[str, Any]:
@@ -335,18 +354,10 @@ def train_with_torchrun(module: str, dataset_dir: Path, output_dir: Path, config
         result = run_streaming(argv, env=_child_env(nproc), label=label)
         if result.returncode != 0 and not _accept_abort([result], output_dir, TORCH_MODEL_FILE, started, "training"):
             raise TrainingFailed(f"training exited {result.returncode}: {result.last_error_line}")
-        if nodes.multi_node:
-            _wait_for_outputs(output_dir, TORCH_MODEL_FILE, started)
-        metrics = json.loads((output_dir / METRICS_FILE).read_text())
-        done_manifest = Manifest(kind=f"training:{module}", inputs=inputs, extra={"metrics": metrics})
-        # Checkpoints are excluded from the checksummed file list: they rotate and can be large.
-        write_manifest(output_dir, done_manifest, checksum=False)
-        done = read_manifest(output_dir)
+        done = _record_finished_training(output_dir, module, inputs, TORCH_MODEL_FILE, started, nodes.multi_node)
     else:
         log.info("training in %s already finished for these inputs: nothing to do", output_dir)
-    metrics = done["extra"]["metrics"]
-    return {"output_dir": str(output_dir), "model_path": str(output_dir / TORCH_MODEL_FILE), "metrics": metrics,
-            "plot": str(output_dir / "training_curves.png")}
+    return _training_result(output_dir, TORCH_MODEL_FILE, done)
 
 
 TF_MODEL_FILE = "model.weights.h5"  # Keras weights; the trainer writes model_config.json (the sizes) beside it
@@ -422,16 +433,10 @@ def train_with_tf_workers(module: str, dataset_dir: Path, output_dir: Path, conf
             failed = result.results[result.first_failed]
             raise TrainingFailed(f"training worker {first + result.first_failed} of {workers} exited "
                                  f"{failed.returncode}: {failed.last_error_line}")
-        if nodes.multi_node:
-            _wait_for_outputs(output_dir, TF_MODEL_FILE, started)
-        metrics = json.loads((output_dir / METRICS_FILE).read_text())
-        done_manifest = Manifest(kind=f"training:{module}", inputs=inputs, extra={"metrics": metrics})
-        write_manifest(output_dir, done_manifest, checksum=False)
-        done = read_manifest(output_dir)
+        done = _record_finished_training(output_dir, module, inputs, TF_MODEL_FILE, started, nodes.multi_node)
     else:
         log.info("training in %s already finished for these inputs: nothing to do", output_dir)
-    return {"output_dir": str(output_dir), "model_path": str(output_dir / TF_MODEL_FILE),
-            "metrics": done["extra"]["metrics"], "plot": str(output_dir / "training_curves.png")}
+    return _training_result(output_dir, TF_MODEL_FILE, done)
 
 
 def run_module(module: str, args: list[str], *, label: str, what: str) -> None:

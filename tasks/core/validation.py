@@ -45,6 +45,27 @@ class BadRowLike(Protocol):
     def describe(self, file_name: str) -> str: ...
 
 
+@dataclass(frozen=True)
+class BadField:
+    """A bad row of a delimited text file, as a validation reports it (a BadRowLike)."""
+
+    line: int                # 1-based line number in the file
+    column: int              # 1-based field number; 0 when the line as a whole is wrong
+    column_name: str | None  # the file's own name of the column
+    byte: int                # 1-based byte column where the field starts (1 for whole-line problems)
+    reason: str              # what is wrong, with the value: "'x1' is not an integer"
+    rule: str                # the same without the value, what the report counts
+    text: str                # the line, for humans, truncated
+
+    def describe(self, file_name: str) -> str:
+        where = f"{file_name} line {self.line}" + (f" column {self.column_name}" if self.column_name else "")
+        return f"{where}: {self.reason}"
+
+    @property
+    def kind(self) -> str:
+        return f"{self.column_name}: {self.rule}" if self.column_name else self.rule
+
+
 # ---- reading a file as blocks of whole lines ----------------------------------------------------------------------
 
 
@@ -131,6 +152,53 @@ def keep_lines(arr: np.ndarray, starts: np.ndarray, ends: np.ndarray, keep: np.n
     np.add.at(delta, starts[drop], 1)
     np.add.at(delta, np.minimum(ends[drop] + 1, len(arr)), -1)
     return arr[np.cumsum(delta[:-1]) == 0].tobytes()
+
+
+def whole_line_problems(block: bytes, arr: np.ndarray, starts: np.ndarray, ends: np.ndarray, first_line: int,
+                        quote: Callable[[bytes], str] | None = None) -> list[BadField]:
+    """Empty lines, and lines holding a control character (tab, lone CR, NUL, ...), which no row of a text format
+    that uses none has. `arr`, `starts`, `ends`: the block as bytes and its line_bounds; `quote`: how the error line
+    shows the character (default quoted_value)."""
+    quote = quote or quoted_value
+    bad = [BadField(first_line + int(i), 0, None, 1, "empty line", "empty line", "")
+           for i in np.flatnonzero(ends == starts)]
+    control = np.flatnonzero(((arr < 32) & (arr != _NEWLINE)) | (arr == 127))
+    if len(control):
+        lines, first = np.unique(np.searchsorted(ends, control), return_index=True)
+        for line, pos in zip(lines, control[first]):
+            byte = int(pos - starts[line]) + 1
+            bad.append(BadField(first_line + int(line), 0, None, byte,
+                                f"control character {quote(block[pos:pos + 1])} at byte {byte}",
+                                "control character", display_text(block[starts[line]:ends[line]])))
+    return bad
+
+
+def mark_failures(checks: list[tuple[np.ndarray, str]], column: int, rules: list[str], failed_column: np.ndarray,
+                  failed_rule: np.ndarray) -> None:
+    """Mark the rows failing a column's `checks` ([(failing mask, rule)], in the column's order: the first rule a row
+    fails wins) with the column (1-based) and the rule (its 1-based place in `rules`, where it is appended)."""
+    for failing, rule in reversed(checks):  # reversed: the first rule of a column is written last, so it wins
+        hit = np.flatnonzero(failing)
+        if len(hit):
+            rules.append(rule)
+            failed_column[hit], failed_rule[hit] = column, len(rules)
+
+
+def first_lines(block: bytes, first_line: int, wanted: int) -> list[tuple[int, bytes]]:
+    """(line number, line) of up to the block's first `wanted` lines, empty ones left out: the lines of a file a
+    validation hands GX as evidence, taken block by block until it has enough."""
+    if wanted <= 0:
+        return []
+    lines = block.split(b"\n", wanted)[:wanted]
+    return [(first_line + i, line) for i, line in enumerate(lines) if line]
+
+
+def write_good_rows(writer: Any, good: Any) -> int:
+    """Append a block's typed good rows (a pyarrow Table, or None) to the validated parquet `writer`; how many."""
+    if good is None or good.num_rows == 0:
+        return 0
+    writer.write_table(good)
+    return good.num_rows
 
 
 def display_text(raw: bytes, limit: int = 500) -> str:

@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
-from tasks.core.storage import write_text_atomic
+from tasks.core.storage import Manifest, write_manifest, write_text_atomic
 from tasks.criteo.schema import CAT_COLUMNS, NVIDIA_COLUMN
 
 # A day's statistics (criteo_day_stats): its typed columnar copy, its value counts, and each row's file order.
@@ -85,6 +87,39 @@ def write_sizes(directory: Path, summary: dict[str, dict[str, float | int]]) -> 
     model_size = {NVIDIA_COLUMN[name]: max_id for name, max_id in max_ids.items()}
     write_text_atomic(directory / MODEL_SIZE_FILE, json.dumps(model_size, indent=4))
     return cardinalities
+
+
+def record_dictionary(directory: Path, args: argparse.Namespace, summary: dict[str, dict[str, float | int]],
+                      log: logging.Logger, **extra: Any) -> tuple[dict[str, int], int]:
+    """A dictionary written to `directory`: its size files (write_sizes), a log line per column and its manifest
+    (`extra`: the engine's own entries). Returns (cardinalities, values kept)."""
+    cardinalities = write_sizes(directory, summary)
+    values = sum(int(s["kept"]) for s in summary.values())
+    for name, s in summary.items():
+        log.info("%s: threshold %d, kept %d values, dropped %d, %.2f%% of occurrences kept", name,
+                 s["threshold"], s["kept"], s["dropped"], 100 * float(s["occurrences_kept_share"]))
+    manifest = Manifest(kind="criteo_dictionary", inputs=json.loads(args.inputs_json), rows={"values": values},
+                        extra={"counts": list(args.counts), "frequency_threshold": args.frequency_threshold,
+                               "cardinalities": cardinalities, "summary": summary, **extra})
+    write_manifest(directory, manifest)
+    return cardinalities, values
+
+
+def record_transform(directory: Path, args: argparse.Namespace, rows: dict[str, int], test_day_rows: int,
+                     cardinalities: dict[str, int], split: int, joins: dict[str, str], **extra: Any) -> None:
+    """A dataset written to `directory`: refused when the train days gave no row or the test day's rows did not split
+    in halves into test / validation; else its manifest (`extra`: the engine's own entries)."""
+    n = test_day_rows
+    if rows["train"] == 0:
+        raise ValueError(f"the train days hold no rows: {', '.join(args.train_days)}")
+    if (rows["test"], rows["validation"]) != (n // 2, n - n // 2):
+        raise RuntimeError(f"test/validation wrote {rows['test']}/{rows['validation']} rows, expected "
+                           f"{n // 2}/{n - n // 2} of the test day's {n}")
+    manifest = Manifest(kind="criteo_transform", inputs=json.loads(args.inputs_json), rows=rows,
+                        extra={"cardinalities": cardinalities, "seed": args.seed, "split_row_order": split,
+                               "joins": joins, "train_days": list(args.train_days), "test_day": args.test_day,
+                               **extra})
+    write_manifest(directory, manifest)
 
 
 def load_cardinalities(dictionary_dir: Path) -> list[int]:

@@ -17,7 +17,8 @@ from tasks.core.config import Settings, load_settings
 from tasks.criteo import layout
 from tasks.criteo.settings import load_criteo_settings
 from tasks.criteo.synthetic import ensure_days
-from tasks.dagkit.local_run import print_tasks, run_dag
+from tasks.dagkit.local_run import (describe_click_metrics, print_publish_outcome, print_run, print_run_outcome,
+                                     print_tasks, run_dag)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -60,8 +61,7 @@ def run_demo(args: argparse.Namespace) -> bool:
         print(f"day {day}: {state} in {seconds:.1f} s")
         print_tasks(tasks)
     if training:
-        print(f"\n=== criteo_dlrm ({training['run_id']}): {training['state']} in {training['wall_seconds']:.1f} s ===")
-        print_tasks(training["tasks"])
+        print_run("criteo_dlrm", training["run_id"], training)
         print_training_outcome(settings, training)
     print(f"\ncriteo_dlrm total {total:.1f} s")
     print("outputs:")
@@ -76,16 +76,7 @@ def run_demo(args: argparse.Namespace) -> bool:
 
 def print_training_outcome(settings: Settings, training: dict) -> None:
     from tasks.criteo.dlrm import run_paths
-    from tasks.release.publish import latest_version
 
-    paths = run_paths(settings, training["run_id"])
-    metrics_file = paths.evaluation / "metrics.json"
-    if metrics_file.exists():
-        metrics = json.loads(metrics_file.read_text())
-        print(f"test AUC {metrics['auc']:.4f}, logloss {metrics['logloss']:.4f} on {metrics['rows']} rows")
-    print(f"run outputs: {paths.root} (dictionary/, dataset/, train/ with training_curves.png, eval/)")
-    latest = latest_version(settings.publish_store, "criteo_dlrm")
-    if training["tasks"].get("publish", {}).get("state") == "success" and latest:
-        print(f"published: {latest['uri']} (version {latest['version']}, now latest)")
-    else:
-        print(f"not published (gate: see the gate task log); store {settings.publish_store}")
+    print_run_outcome(run_paths(settings, training["run_id"]), describe_click_metrics,
+                      "dictionary/, dataset/, train/ with training_curves.png, eval/")
+    print_publish_outcome(settings.publish_store, "criteo_dlrm", training)

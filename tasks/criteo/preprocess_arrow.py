@@ -54,7 +54,7 @@ from tasks.criteo.contract import (DICTIONARY, INDEX_MASK, MAPPINGS, PARTITION_S
                                    TransformResult)
 from tasks.core.progress import ProgressLog
 from tasks.core.xxhash import SPARK_HASH_SEED, xxhash64_int, xxhash64_long
-from tasks.core.storage import Manifest, atomic_directory, write_manifest
+from tasks.core.storage import atomic_directory
 from tasks.criteo.schema import CAT_COLUMNS, INT_COLUMNS, LABEL, NUM_INT_FEATURES
 from tasks.formats.feature_spec import DTYPE_SELECTOR, FeatureSpec
 from tasks.formats.split_binary import write_dataset
@@ -159,15 +159,7 @@ def dictionary_main(argv: Sequence[str]) -> DictionaryResult:
                 if rows.num_rows:
                     out.write_table(rows)
         shutil.rmtree(tmp / SPILL_DIR)
-        cardinalities = contract.write_sizes(tmp, summary)
-        values = sum(int(s["kept"]) for s in summary.values())
-        for name, s in summary.items():
-            log.info("%s: threshold %d, kept %d values, dropped %d, %.2f%% of occurrences kept", name,
-                     s["threshold"], s["kept"], s["dropped"], 100 * float(s["occurrences_kept_share"]))
-        manifest = Manifest(kind="criteo_dictionary", inputs=json.loads(args.inputs_json), rows={"values": values},
-                            extra={"counts": list(args.counts), "frequency_threshold": args.frequency_threshold,
-                                   "cardinalities": cardinalities, "summary": summary, "engine": ENGINE})
-        write_manifest(tmp, manifest)
+        cardinalities, values = contract.record_dictionary(tmp, args, summary, log, engine=ENGINE)
     log.info("dictionary (arrow): %d values over %d columns in %s, %.1f s", values, len(CAT_COLUMNS), args.output,
              time.monotonic() - started)
     return DictionaryResult(str(args.output), values, cardinalities)
@@ -577,16 +569,7 @@ def transform_main(argv: Sequence[str], *, bucket_rows: int = BUCKET_ROWS, worke
         write_dataset(tmp, streams, cardinalities, NUM_INT_FEATURES)
         shutil.rmtree(spill)
         rows = {name: streams[name].rows for name in MAPPINGS}
-        if rows["train"] == 0:
-            raise ValueError(f"the train days hold no rows: {', '.join(args.train_days)}")
-        if (rows["test"], rows["validation"]) != (n // 2, n - n // 2):
-            raise RuntimeError(f"test/validation wrote {rows['test']}/{rows['validation']} rows, expected "
-                               f"{n // 2}/{n - n // 2} of the test day's {n}")
-        manifest = Manifest(kind="criteo_transform", inputs=json.loads(args.inputs_json), rows=rows,
-                            extra={"cardinalities": cardinalities, "seed": args.seed, "split_row_order": split,
-                                   "joins": joins, "train_days": list(args.train_days), "test_day": args.test_day,
-                                   "engine": encoded_by or ENGINE})
-        write_manifest(tmp, manifest)
+        contract.record_transform(tmp, args, rows, n, cardinalities, split, joins, engine=encoded_by or ENGINE)
     log.info("dataset %s (%s): %s rows in %.1f s", args.output, encoded_by or ENGINE, rows, time.monotonic() - started)
     return TransformResult(str(args.output), rows, cardinalities, split, joins)
 

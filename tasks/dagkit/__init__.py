@@ -149,10 +149,39 @@ def release_params(model_name: str) -> dict[str, Any]:
                              description="Directory or s3://bucket/prefix. Empty = RECFLOW_PUBLISH_URI or "
                                          "<data root>/published. Must lie under RECFLOW_PUBLISH_ALLOWED "
                                          "(default: the configured store only)."),
-        "aws_conn_id": Param("aws_default", type="string", pattern=r"^[A-Za-z0-9_.-]{1,200}$",
-                             description="Airflow connection with S3 credentials (s3:// publish URIs); one of "
-                                         "RECFLOW_ALLOWED_CONN_IDS (default: aws_default)."),
+        "aws_conn_id": aws_conn_param("s3:// publish URIs"),
     }
+
+
+def aws_conn_param(used_for: str) -> Any:
+    """The Airflow connection holding the S3 credentials a DAG uses for `used_for` (checked against the
+    deployment's allow-list where it is used)."""
+    from airflow.sdk import Param
+
+    return Param("aws_default", type="string", pattern=r"^[A-Za-z0-9_.-]{1,200}$",
+                 description=f"Airflow connection with S3 credentials ({used_for}); one of RECFLOW_ALLOWED_CONN_IDS "
+                             "(default: aws_default).")
+
+
+SOURCE_URL_PATTERN = r"^(file|https?|s3)://[^\s;|&$`]+$"  # the schemes downloads accept; no whitespace or shell syntax
+
+
+def source_url_param(description: str, pattern: str = SOURCE_URL_PATTERN) -> Any:
+    """An ingest DAG's source for one run (file://, http(s)://, s3://; empty = the deployment's source), where the
+    download then checks it against the allowed roots and prefixes (`description` says which)."""
+    from airflow.sdk import Param
+
+    return Param(None, type=["null", "string"], maxLength=2048, pattern=pattern, title="Source URL",
+                 description=description)
+
+
+def bad_row_budget_param(default: float | None, description: str) -> Any:
+    """An ingest DAG's tolerated fraction of malformed rows (quarantined) before validation fails; a None default
+    makes it nullable (empty = the deployment's setting, which `description` names)."""
+    from airflow.sdk import Param
+
+    return Param(default, type="number" if default is not None else ["null", "number"], minimum=0, maximum=1,
+                 title="Bad-row budget", description=description)
 
 
 def workers_param() -> Any:

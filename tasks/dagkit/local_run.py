@@ -3,8 +3,10 @@ AIRFLOW_HOME) and summarise it: used by `make demo`, scripts/run_dag.py, the ben
 
 from __future__ import annotations
 
+import json
 import time
 from datetime import datetime
+from collections.abc import Callable
 from typing import Any
 
 from tasks.core.config import REPO_ROOT
@@ -33,3 +35,54 @@ def print_tasks(tasks: dict) -> None:
     """One line per task of a run summary: id, state, duration."""
     for task_id, task in tasks.items():
         print(f"    {task_id:<17} {task['state']:<16} {task['duration']:7.1f} s")
+
+
+def print_run(dag_id: str, label: str, run: dict[str, Any]) -> None:
+    """A run summary as a demo prints it: a heading (DAG, `label`, state, wall time), then its tasks."""
+    print(f"\n=== {dag_id} ({label}): {run['state']} in {run['wall_seconds']:.1f} s ===")
+    print_tasks(run["tasks"])
+
+
+def run_ingest_then_training(ingest_dag: str, ingest_conf: dict[str, Any], ingest_label: str, training_dag: str,
+                             training_conf: dict[str, Any],
+                             print_outcome: Callable[[dict[str, Any]], None]) -> tuple[dict, dict | None]:
+    """A snapshot pipeline's demo: its ingest DAG, then (when that succeeded) its training DAG, each run once; then
+    both runs' tasks, the training run's outcome (`print_outcome`) and the total time. Returns both summaries (no
+    training run when the ingest failed)."""
+    start = time.monotonic()
+    ingest = run_dag(ingest_dag, None, ingest_conf)
+    training = run_dag(training_dag, None, training_conf) if ingest["state"] == "success" else None
+    total = time.monotonic() - start
+    print_run(ingest_dag, ingest_label, ingest)
+    if training:
+        print_run(training_dag, training["run_id"], training)
+        print_outcome(training)
+    print(f"\n{training_dag} total {total:.1f} s")
+    return ingest, training
+
+
+def print_publish_outcome(store: str, pipeline: str, run: dict[str, Any]) -> dict[str, Any] | None:
+    """Whether the training run published: the version it published (now the latest), else where to look why.
+    Returns the latest version's record when it did."""
+    from tasks.release.publish import latest_version
+
+    latest = latest_version(store, pipeline)
+    if run["tasks"].get("publish", {}).get("state") != "success" or not latest:
+        print(f"not published (gate: see the gate task log); store {store}")
+        return None
+    print(f"published: {latest['uri']} (version {latest['version']}, now latest)")
+    return latest
+
+
+def print_run_outcome(paths: Any, describe_metrics: Callable[[dict[str, Any]], str], outputs: str) -> None:
+    """A training run's evaluation (`describe_metrics` of its metrics.json, when there is one) and where its outputs
+    are. `paths`: the run's RunPaths; `outputs`: what its folder holds."""
+    metrics_file = paths.evaluation / "metrics.json"
+    if metrics_file.exists():
+        print(describe_metrics(json.loads(metrics_file.read_text())))
+    print(f"run outputs: {paths.root} ({outputs})")
+
+
+def describe_click_metrics(metrics: dict[str, Any]) -> str:
+    """A click model's evaluation as a demo prints it."""
+    return f"test AUC {metrics['auc']:.4f}, logloss {metrics['logloss']:.4f} on {metrics['rows']} rows"

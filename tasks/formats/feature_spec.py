@@ -46,6 +46,18 @@ class FeatureSpecError(ValueError):
     """A feature spec that NVIDIA's loaders (or our stricter rules) would not accept; the message says where."""
 
 
+def read_spec_document(path: Path, error: type[Exception]) -> dict[str, Any]:
+    """The YAML document of the feature spec file at `path`; `error` with one line naming the file when there is
+    none or its top level is not a mapping (each reader raises its own error type)."""
+    try:
+        document = yaml.safe_load(Path(path).read_text())
+    except FileNotFoundError:
+        raise error(f"{path}: no feature spec here") from None
+    if not isinstance(document, dict):
+        raise error(f"{path}: not a feature spec (top level is {type(document).__name__})")
+    return document
+
+
 def get_categorical_feature_type(size: int) -> type[np.signedinteger]:
     """Smallest of int8/int16/int32 whose max is strictly greater than `size` (NVIDIA's rule: 127 -> int16).
 

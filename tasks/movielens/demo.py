@@ -11,10 +11,9 @@ import json
 import os
 import subprocess
 import sys
-import time
 
 from tasks.core.config import Settings, load_settings
-from tasks.dagkit.local_run import print_tasks, run_dag
+from tasks.dagkit.local_run import print_publish_outcome, print_run_outcome, run_ingest_then_training
 from tasks.movielens import layout
 from tasks.movielens.settings import load_movielens_settings
 
@@ -42,21 +41,10 @@ def run_demo(args: argparse.Namespace) -> bool:
         write_archive(layout.source_dir(settings.data_root), name, users=args.movielens_users,
                       items=args.movielens_items, ratings_per_user=args.movielens_ratings_per_user,
                       seed=args.movielens_seed)
-    start = time.monotonic()
-    ingest = run_dag("movielens_ingest", None, {"dataset": name})
-    training = None
-    if ingest["state"] == "success":
-        training = run_dag("movielens_ncf", None, {"profile": "demo", "dataset": name, **args.movielens_ncf_conf})
-    total = time.monotonic() - start
-
-    print(f"\n=== movielens_ingest ({name}): {ingest['state']} in {ingest['wall_seconds']:.1f} s ===")
-    print_tasks(ingest["tasks"])
-    if training:
-        print(f"\n=== movielens_ncf ({training['run_id']}): {training['state']} in "
-              f"{training['wall_seconds']:.1f} s ===")
-        print_tasks(training["tasks"])
-        print_training_outcome(settings, training)
-    print(f"\nmovielens_ncf total {total:.1f} s")
+    ingest, training = run_ingest_then_training(
+        "movielens_ingest", {"dataset": name}, name,
+        "movielens_ncf", {"profile": "demo", "dataset": name, **args.movielens_ncf_conf},
+        lambda run: print_training_outcome(settings, run))
     print(f"outputs: {layout.extracted_dir(settings.data_root, name)} (unzipped), "
           f"{layout.validated_dir(settings.data_root, name)} (ratings/, report.json, quarantine)")
     print(f"Airflow metadata DB and logs: {os.environ.get('AIRFLOW_HOME', '~/airflow')}")
@@ -65,20 +53,15 @@ def run_demo(args: argparse.Namespace) -> bool:
 
 def print_training_outcome(settings: Settings, training: dict) -> None:
     from tasks.movielens.ncf import run_paths
-    from tasks.release.publish import fetch_published_version, latest_version
+    from tasks.release.publish import fetch_published_version
 
-    paths = run_paths(settings, training["run_id"])
-    metrics_file = paths.evaluation / "metrics.json"
-    if metrics_file.exists():
-        m = json.loads(metrics_file.read_text())
-        print(f"test HR@10 {m['hr@10']:.4f} (random ranking {m['random_hr@10']:.4f}), NDCG@10 {m['ndcg@10']:.4f} "
-              f"(random {m['random_ndcg@10']:.4f}) over {m['users']} users")
-    print(f"run outputs: {paths.root} (train/ with training_curves.png, eval/, gate/)")
-    latest = latest_version(settings.publish_store, "movielens_ncf")
-    if training["tasks"].get("publish", {}).get("state") != "success" or not latest:
-        print(f"not published (gate: see the gate task log); store {settings.publish_store}")
+    print_run_outcome(run_paths(settings, training["run_id"]),
+                      lambda m: f"test HR@10 {m['hr@10']:.4f} (random ranking {m['random_hr@10']:.4f}), NDCG@10 "
+                                f"{m['ndcg@10']:.4f} (random {m['random_ndcg@10']:.4f}) over {m['users']} users",
+                      "train/ with training_curves.png, eval/, gate/")
+    latest = print_publish_outcome(settings.publish_store, "movielens_ncf", training)
+    if not latest:
         return
-    print(f"published: {latest['uri']} (version {latest['version']}, now latest)")
     local = fetch_published_version(settings.publish_store, "movielens_ncf", latest["version"],
                                     layout.models_cache(settings.data_root) / "movielens_ncf" / latest["version"])
     command = [sys.executable, "-m", "tasks.movielens.predict", "recommend", "--model-dir", str(local),

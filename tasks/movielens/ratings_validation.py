@@ -22,10 +22,10 @@ import numpy as np
 from tasks.core.progress import ProgressLog
 from tasks.core.storage import Manifest, atomic_directory, write_manifest, write_text_atomic
 from tasks.core.validation import (
-    EVIDENCE_BAD_ROWS, DataQualityError, DistinctPairs, Quarantine, bad_fraction, budget_failure, gx_section,
-    summarize_gx,
+    EVIDENCE_BAD_ROWS, BadField, DataQualityError, DistinctPairs, Quarantine, bad_fraction, budget_failure,
+    first_lines, gx_section, summarize_gx, write_good_rows,
 )
-from tasks.movielens.raw_ratings import BadRating, check_block, iter_line_blocks, quoted
+from tasks.movielens.raw_ratings import check_block, iter_line_blocks, quoted
 from tasks.movielens.schema import FUTURE_SLACK_S, ITEM_ID, RATING, TIMESTAMP, USER_ID, RatingsFormat
 
 log = logging.getLogger(__name__)
@@ -128,7 +128,7 @@ class RatingsScan:
         return self.quarantine.count if self.quarantine else 0
 
     @property
-    def first_bad(self) -> BadRating | None:
+    def first_bad(self) -> BadField | None:
         return self.quarantine.first.get(self.ratings.name) if self.quarantine else None
 
     def _header(self, block: bytes, first_line: int) -> tuple[bytes, int]:
@@ -147,15 +147,11 @@ class RatingsScan:
         checked = check_block(block, first_line, self.fmt, self.max_timestamp)
         self.total += checked.lines
         self._record_bad(checked.bad)
-        if len(self.evidence) < EVIDENCE_ROWS:
-            wanted = EVIDENCE_ROWS - len(self.evidence)
-            lines = block.split(b"\n", wanted)[:wanted]
-            self.evidence += [(first_line + i, line) for i, line in enumerate(lines) if line]
+        self.evidence += first_lines(block, first_line, EVIDENCE_ROWS - len(self.evidence))
         good = checked.good
-        if good is None or good.num_rows == 0:
+        if not (written := write_good_rows(writer, good)):
             return
-        writer.write_table(good)
-        self.good += good.num_rows
+        self.good += written
         users = good.column(USER_ID).to_numpy()
         items = good.column(ITEM_ID).to_numpy()
         timestamps = good.column(TIMESTAMP).to_numpy()
@@ -166,7 +162,7 @@ class RatingsScan:
         self.min_timestamp = low if self.min_timestamp is None else min(self.min_timestamp, low)
         self.max_timestamp_seen = high if self.max_timestamp_seen is None else max(self.max_timestamp_seen, high)
 
-    def _record_bad(self, bad_rows: list[BadRating]) -> None:
+    def _record_bad(self, bad_rows: list[BadField]) -> None:
         assert self.quarantine is not None
         for bad in bad_rows:
             self.quarantine.record(self.ratings.name, bad)

@@ -17,7 +17,8 @@ from pathlib import Path
 import numpy as np
 
 from tasks.core.validation import iter_line_blocks as read_line_blocks
-from tasks.core.validation import keep_lines, line_bounds
+from tasks.core.validation import (BadField, display_text, keep_lines, line_bounds, mark_failures,
+                                   whole_line_problems)
 from tasks.movielens.schema import (
     ID_PATTERN, ITEM_ID, MIN_TIMESTAMP, RATING, TIMESTAMP, TIMESTAMP_PATTERN, USER_ID, RatingsFormat,
     validated_arrow_schema,
@@ -25,33 +26,14 @@ from tasks.movielens.schema import (
 
 MAX_LINE_BYTES = 4 << 10  # a rating row is ~30 bytes; a longer "line" is not a row (and must not grow memory)
 QUOTED_CHARS = 40         # at most this many characters of a bad value reach an error line
-_NEWLINE, _DELIMITER = 10, 9  # ml-1m's "::" becomes a tab once lines holding a real tab are out
-
-
-@dataclass(frozen=True)
-class BadRating:
-    line: int                # 1-based line number in the file
-    column: int              # 1-based field number; 0 when the line as a whole is wrong
-    column_name: str | None  # the raw column name (userId, Rating, ...)
-    byte: int                # 1-based byte column where the field starts (1 for whole-line problems)
-    reason: str              # what is wrong, with the value: "'7.5' is not in 0.5..5"
-    rule: str                # the same without the value, what the report counts: "is not in 0.5..5"
-    text: str                # the line, for humans, truncated
-
-    def describe(self, file_name: str) -> str:
-        where = f"{file_name} line {self.line}" + (f" column {self.column_name}" if self.column_name else "")
-        return f"{where}: {self.reason}"
-
-    @property
-    def kind(self) -> str:
-        return f"{self.column_name}: {self.rule}" if self.column_name else self.rule
+_DELIMITER = 9  # ml-1m's "::" becomes a tab once lines holding a real tab are out
 
 
 @dataclass
 class CheckedBlock:
     lines: int
     good: object  # pyarrow.Table of typed good rows (schema.validated_arrow_schema()), or None when there are none
-    bad: list[BadRating]
+    bad: list[BadField]
 
 
 def quoted(raw: bytes, limit: int = QUOTED_CHARS) -> str:
@@ -61,16 +43,12 @@ def quoted(raw: bytes, limit: int = QUOTED_CHARS) -> str:
     return f"'{shown}'" + (f"… ({len(raw)} bytes)" if len(raw) > limit else "")
 
 
-def _display(raw: bytes, limit: int = 500) -> str:
-    return raw[:limit].decode("utf-8", errors="backslashreplace") + ("…" if len(raw) > limit else "")
-
-
-def iter_line_blocks(path: Path, block_bytes: int) -> Iterator[tuple[int, bytes, list[BadRating]]]:
+def iter_line_blocks(path: Path, block_bytes: int) -> Iterator[tuple[int, bytes, list[BadField]]]:
     """Yield (first line number, block of whole lines, over-long lines skipped before it); memory ~ block_bytes."""
     for first_line, block, skipped in read_line_blocks(path, block_bytes, MAX_LINE_BYTES):
         yield first_line, block, [
-            BadRating(long.line, 0, None, 1, f"line is {long.length} bytes, longer than {MAX_LINE_BYTES} (not a rating "
-                      "row)", "line too long", _display(long.head, 200)) for long in skipped]
+            BadField(long.line, 0, None, 1, f"line is {long.length} bytes, longer than {MAX_LINE_BYTES} (not a rating "
+                      "row)", "line too long", display_text(long.head, 200)) for long in skipped]
 
 
 def check_block(block: bytes, first_line: int, fmt: RatingsFormat, max_timestamp: int) -> CheckedBlock:
@@ -79,7 +57,7 @@ def check_block(block: bytes, first_line: int, fmt: RatingsFormat, max_timestamp
         block = block.replace(b"\r\n", b"\n")  # CRLF line ends are tolerated; a lone CR is a control character
     arr = np.frombuffer(block, dtype=np.uint8)
     starts, ends = line_bounds(arr)
-    bad = _whole_line_problems(block, arr, starts, ends, first_line, fmt)
+    bad = whole_line_problems(block, arr, starts, ends, first_line, quote=quoted)
     keep = np.ones(len(ends), dtype=bool)
     keep[[b.line - first_line for b in bad]] = False
     lines = np.arange(first_line, first_line + len(ends), dtype=np.int64)[keep]
@@ -94,9 +72,9 @@ def check_block(block: bytes, first_line: int, fmt: RatingsFormat, max_timestamp
     wrong = fields != len(fmt.raw_columns)
     for i in np.flatnonzero(wrong):
         raw = warr[wstarts[i]:wends[i]].tobytes().replace(delimiter, fmt.separator.encode())
-        bad.append(BadRating(int(lines[i]), 0, None, 1, f"has {int(fields[i])} fields, expected "
+        bad.append(BadField(int(lines[i]), 0, None, 1, f"has {int(fields[i])} fields, expected "
                              f"{len(fmt.raw_columns)} (separated by '{fmt.separator}')", "wrong number of fields",
-                             _display(raw)))
+                             display_text(raw)))
     if wrong.any():
         work = keep_lines(warr, wstarts, wends, ~wrong)
         lines = lines[~wrong]
@@ -106,22 +84,6 @@ def check_block(block: bytes, first_line: int, fmt: RatingsFormat, max_timestamp
         bad += value_bad
     bad.sort(key=lambda b: b.line)
     return CheckedBlock(len(ends), good, bad)
-
-
-def _whole_line_problems(block: bytes, arr: np.ndarray, starts: np.ndarray, ends: np.ndarray, first_line: int,
-                         fmt: RatingsFormat) -> list[BadRating]:
-    """Empty lines and lines holding a control character (tab, lone CR, NUL, ...), which no rating row has."""
-    bad = [BadRating(first_line + int(i), 0, None, 1, "empty line", "empty line", "")
-           for i in np.flatnonzero(ends == starts)]
-    control = np.flatnonzero(((arr < 32) & (arr != _NEWLINE)) | (arr == 127))
-    if len(control):
-        lines, first = np.unique(np.searchsorted(ends, control), return_index=True)
-        for line, pos in zip(lines, control[first]):
-            byte = int(pos - starts[line]) + 1
-            bad.append(BadRating(first_line + int(line), 0, None, byte,
-                                 f"control character {quoted(block[pos:pos + 1])} at byte {byte}",
-                                 "control character", _display(block[starts[line]:ends[line]])))
-    return bad
 
 
 def _value_rules(fmt: RatingsFormat, max_timestamp: int) -> list[tuple[str, str, str, list, object]]:
@@ -144,7 +106,7 @@ def _value_rules(fmt: RatingsFormat, max_timestamp: int) -> list[tuple[str, str,
 
 
 def _check_values(work: bytes, lines: np.ndarray, fmt: RatingsFormat, max_timestamp: int,
-                  delimiter: bytes) -> tuple[object, list[BadRating]]:
+                  delimiter: bytes) -> tuple[object, list[BadField]]:
     """Parse lines that have 4 fields; check each value's text, type and range. Returns (typed good rows, bad)."""
     import pyarrow as pa
     import pyarrow.compute as pc
@@ -171,11 +133,7 @@ def _check_values(work: bytes, lines: np.ndarray, fmt: RatingsFormat, max_timest
         value = cleaned.cast(pa.string()).cast(arrow_type).to_numpy(zero_copy_only=False)
         values[name] = value
         checks = [(~matches, format_rule)] + [(matches & ~check(value), rule) for check, rule in range_rules]
-        for failing, rule in reversed(checks):  # reversed: the first rule of a column wins
-            hit = np.flatnonzero(failing)
-            if len(hit):
-                rules.append(rule)
-                failed_column[hit], failed_rule[hit] = index + 1, len(rules)
+        mark_failures(checks, index + 1, rules, failed_column, failed_rule)
     bad = [_bad_value(table, int(i), int(lines[i]), int(failed_column[i]), rules[failed_rule[i] - 1], fmt)
            for i in np.flatnonzero(failed_column)]
     good_mask = failed_column == 0
@@ -189,11 +147,11 @@ def _check_values(work: bytes, lines: np.ndarray, fmt: RatingsFormat, max_timest
     return good, bad
 
 
-def _bad_value(table, row: int, line: int, field: int, rule: str, fmt: RatingsFormat) -> BadRating:
+def _bad_value(table, row: int, line: int, field: int, rule: str, fmt: RatingsFormat) -> BadField:
     raw = [table.column(c)[row].as_py() for c in range(table.num_columns)]
     byte = sum(len(value) + len(fmt.separator) for value in raw[: field - 1]) + 1
-    return BadRating(line, field, fmt.raw_columns[field - 1], byte, f"{quoted(raw[field - 1])} {rule}", rule,
-                     _display(fmt.separator.encode().join(raw)))
+    return BadField(line, field, fmt.raw_columns[field - 1], byte, f"{quoted(raw[field - 1])} {rule}", rule,
+                     display_text(fmt.separator.encode().join(raw)))
 
 
 def _date_text(timestamp: int) -> str:

@@ -11,10 +11,9 @@ import json
 import os
 import subprocess
 import sys
-import time
 
 from tasks.core.config import Settings, load_settings
-from tasks.dagkit.local_run import print_tasks, run_dag
+from tasks.dagkit.local_run import print_publish_outcome, print_run_outcome, run_ingest_then_training
 from tasks.outbrain import layout
 from tasks.outbrain.settings import load_outbrain_settings
 
@@ -40,25 +39,13 @@ def run_demo(args: argparse.Namespace) -> bool:
               f"{layout.source_dir(settings.data_root)}")
         write_snapshot(layout.source_dir(settings.data_root), displays=args.outbrain_displays,
                        seed=args.outbrain_seed)
-    start = time.monotonic()
-    ingest = run_dag("outbrain_ingest", None, {"snapshot": snapshot})
-    training = None
-    if ingest["state"] == "success":
-        engine = getattr(args, "engine", None)  # make demo ENGINE=...: this pipeline offers spark and nvtabular
-        training = run_dag("outbrain_wide_deep", None,
-                           {"profile": "demo", "snapshot": snapshot,
-                            **({"engine": engine} if engine in ("spark", "nvtabular") else {}),
-                            **args.outbrain_wide_deep_conf})
-    total = time.monotonic() - start
-
-    print(f"\n=== outbrain_ingest ({snapshot}): {ingest['state']} in {ingest['wall_seconds']:.1f} s ===")
-    print_tasks(ingest["tasks"])
-    if training:
-        print(f"\n=== outbrain_wide_deep ({training['run_id']}): {training['state']} in "
-              f"{training['wall_seconds']:.1f} s ===")
-        print_tasks(training["tasks"])
-        print_training_outcome(settings, training)
-    print(f"\noutbrain_wide_deep total {total:.1f} s")
+    engine = getattr(args, "engine", None)  # make demo ENGINE=...: this pipeline offers spark and nvtabular
+    ingest, training = run_ingest_then_training(
+        "outbrain_ingest", {"snapshot": snapshot}, snapshot,
+        "outbrain_wide_deep", {"profile": "demo", "snapshot": snapshot,
+                               **({"engine": engine} if engine in ("spark", "nvtabular") else {}),
+                               **args.outbrain_wide_deep_conf},
+        lambda run: print_training_outcome(settings, run))
     print(f"outputs: {layout.validated_dir(settings.data_root, snapshot)} (typed tables, report.json, quarantine), "
           f"{layout.features_root(settings.data_root)} (parquet, TFRecords, FeatureSpecs, feature statistics)")
     print(f"Airflow metadata DB and logs: {os.environ.get('AIRFLOW_HOME', '~/airflow')}")
@@ -67,20 +54,16 @@ def run_demo(args: argparse.Namespace) -> bool:
 
 def print_training_outcome(settings: Settings, training: dict) -> None:
     from tasks.outbrain.wide_deep import PIPELINE, run_paths
-    from tasks.release.publish import fetch_published_version, latest_version
+    from tasks.release.publish import fetch_published_version
 
-    paths = run_paths(settings, training["run_id"])
-    metrics_file = paths.evaluation / "metrics.json"
-    if metrics_file.exists():
-        m = json.loads(metrics_file.read_text())
-        print(f"validation MAP@12 {m['map@12']:.4f} (random ranking of the same displays {m['random_map@12']:.4f}), "
-              f"AUC {m['auc']:.4f}, logloss {m['logloss']:.4f} over {m['displays']} displays / {m['rows']} rows")
-    print(f"run outputs: {paths.root} (train/ with training_curves.png, eval/, gate/)")
-    latest = latest_version(settings.publish_store, PIPELINE)
-    if training["tasks"].get("publish", {}).get("state") != "success" or not latest:
-        print(f"not published (gate: see the gate task log); store {settings.publish_store}")
+    print_run_outcome(run_paths(settings, training["run_id"]),
+                      lambda m: f"validation MAP@12 {m['map@12']:.4f} (random ranking of the same displays "
+                                f"{m['random_map@12']:.4f}), AUC {m['auc']:.4f}, logloss {m['logloss']:.4f} over "
+                                f"{m['displays']} displays / {m['rows']} rows",
+                      "train/ with training_curves.png, eval/, gate/")
+    latest = print_publish_outcome(settings.publish_store, PIPELINE, training)
+    if not latest:
         return
-    print(f"published: {latest['uri']} (version {latest['version']}, now latest)")
     local = fetch_published_version(settings.publish_store, PIPELINE, latest["version"],
                                     layout.models_cache(settings.data_root) / PIPELINE / latest["version"])
     tables = layout.validated_dir(settings.data_root, load_outbrain_settings().snapshot)

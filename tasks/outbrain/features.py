@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -322,26 +323,32 @@ def _parquet_rows_and_bounds(spec) -> dict[str, int]:
     bounds = {name: (0, spec.feature_spec[name]["cardinality"] - 1)
               for name in (*ONEHOT_COLUMNS, *MULTIHOT_COLUMNS)}
     bounds[LABEL] = (0, 1)
-    rows = {}
+    rows = dict.fromkeys(spec.source_spec, 0)
+    for mapping, _, rel, path in _spec_files(spec, shown_as=""):
+        metadata = pq.ParquetFile(path).metadata
+        rows[mapping] += metadata.num_rows
+        for group in range(metadata.num_row_groups):
+            for index in range(metadata.num_columns):
+                column = metadata.row_group(group).column(index)
+                name = column.path_in_schema.split(".")[0]
+                stats = column.statistics
+                if name in bounds and stats is not None and stats.has_min_max:
+                    low, high = bounds[name]
+                    if stats.min < low or stats.max > high:
+                        raise DatasetInvalid(f"{rel}: {name} spans {stats.min}..{stats.max}, outside "
+                                             f"[{low}, {high}]")
+    return rows
+
+
+def _spec_files(spec, shown_as: str) -> Iterator[tuple[str, dict[str, Any], str, Path]]:
+    """(mapping, its chunk, file as the spec names it, path) of every file of a one-chunk-per-mapping spec;
+    DatasetInvalid for a missing one (named `shown_as` + its name)."""
     for mapping, (chunk,) in spec.source_spec.items():
-        rows[mapping] = 0
         for rel in chunk["files"]:
             path = Path(spec.base_directory) / rel
             if not path.is_file():
-                raise DatasetInvalid(f"{rel}: missing")
-            metadata = pq.ParquetFile(path).metadata
-            rows[mapping] += metadata.num_rows
-            for group in range(metadata.num_row_groups):
-                for index in range(metadata.num_columns):
-                    column = metadata.row_group(group).column(index)
-                    name = column.path_in_schema.split(".")[0]
-                    stats = column.statistics
-                    if name in bounds and stats is not None and stats.has_min_max:
-                        low, high = bounds[name]
-                        if stats.min < low or stats.max > high:
-                            raise DatasetInvalid(f"{rel}: {name} spans {stats.min}..{stats.max}, outside "
-                                                 f"[{low}, {high}]")
-    return rows
+                raise DatasetInvalid(f"{shown_as}{rel}: missing")
+            yield mapping, chunk, rel, path
 
 
 def _tfrecord_rows(spec, prebatch_size: int) -> dict[str, int]:
@@ -349,36 +356,31 @@ def _tfrecord_rows(spec, prebatch_size: int) -> dict[str, int]:
     (all features present, B or fewer rows, multi-hot B x hotness)."""
     from tasks.formats.tfrecord import decode_example, read_records
 
-    rows = {}
-    for mapping, (chunk,) in spec.source_spec.items():
-        rows[mapping] = 0
-        for rel in chunk["files"]:
-            path = Path(spec.base_directory) / rel
-            if not path.is_file():
-                raise DatasetInvalid(f"tfrecords/{rel}: missing")
-            records = 0
-            first = last = None
-            for record in read_records(path):
-                records += 1
-                first = first if first is not None else record
-                last = record
-            for position, record in (("first", first), ("last", last)):
-                if record is None:
-                    continue
-                example = decode_example(record)
-                missing = sorted(set(chunk["features"]) - set(example))
-                if missing:
-                    raise DatasetInvalid(f"tfrecords/{rel}: {position} record lacks {missing}")
-                block = len(example[LABEL])
-                if block > prebatch_size or (position == "first" and records > 1 and block != prebatch_size):
-                    raise DatasetInvalid(f"tfrecords/{rel}: {position} record holds {block} rows (prebatch size "
-                                         f"{prebatch_size})")
-                for name, hotness in MULTIHOT_COLUMNS.items():
-                    if len(example[name]) != block * hotness:
-                        raise DatasetInvalid(f"tfrecords/{rel}: {name} has {len(example[name])} values for {block} "
-                                             f"rows x hotness {hotness}")
-            if records:
-                rows[mapping] += (records - 1) * prebatch_size + len(decode_example(last)[LABEL])
+    rows = dict.fromkeys(spec.source_spec, 0)
+    for mapping, chunk, rel, path in _spec_files(spec, shown_as="tfrecords/"):
+        records = 0
+        first = last = None
+        for record in read_records(path):
+            records += 1
+            first = first if first is not None else record
+            last = record
+        for position, record in (("first", first), ("last", last)):
+            if record is None:
+                continue
+            example = decode_example(record)
+            missing = sorted(set(chunk["features"]) - set(example))
+            if missing:
+                raise DatasetInvalid(f"tfrecords/{rel}: {position} record lacks {missing}")
+            block = len(example[LABEL])
+            if block > prebatch_size or (position == "first" and records > 1 and block != prebatch_size):
+                raise DatasetInvalid(f"tfrecords/{rel}: {position} record holds {block} rows (prebatch size "
+                                     f"{prebatch_size})")
+            for name, hotness in MULTIHOT_COLUMNS.items():
+                if len(example[name]) != block * hotness:
+                    raise DatasetInvalid(f"tfrecords/{rel}: {name} has {len(example[name])} values for {block} "
+                                         f"rows x hotness {hotness}")
+        if records:
+            rows[mapping] += (records - 1) * prebatch_size + len(decode_example(last)[LABEL])
     return rows
 
 

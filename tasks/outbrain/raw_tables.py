@@ -14,30 +14,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tasks.core.validation import display_text, keep_lines, line_bounds, quoted_value
+from tasks.core.validation import (BadField, display_text, keep_lines, line_bounds, mark_failures, quoted_value,
+                                   whole_line_problems)
 from tasks.outbrain.schema import PUBLISH_TIME_FORMAT, Column, Table, arrow_schema
 
 MAX_LINE_BYTES = 4 << 10  # the longest Outbrain row is ~100 bytes; a longer "line" is not a row
-_NEWLINE, _COMMA = 10, 44
-
-
-@dataclass(frozen=True)
-class BadField:
-    line: int                # 1-based line number in the file (the header is line 1)
-    column: int              # 1-based field number; 0 when the line as a whole is wrong
-    column_name: str | None  # the CSV's column name
-    byte: int                # 1-based byte column where the field starts (1 for whole-line problems)
-    reason: str              # what is wrong, with the value: "'x1' is not an integer"
-    rule: str                # the same without the value, what the report counts
-    text: str                # the line, for humans, truncated
-
-    def describe(self, file_name: str) -> str:
-        where = f"{file_name} line {self.line}" + (f" column {self.column_name}" if self.column_name else "")
-        return f"{where}: {self.reason}"
-
-    @property
-    def kind(self) -> str:
-        return f"{self.column_name}: {self.rule}" if self.column_name else self.rule
+_COMMA = 44
 
 
 @dataclass
@@ -69,7 +51,7 @@ def check_block(block: bytes, first_line: int, table: Table) -> CheckedBlock:
         block = block.replace(b"\r\n", b"\n")  # CRLF line ends are tolerated; a lone CR is a control character
     arr = np.frombuffer(block, dtype=np.uint8)
     starts, ends = line_bounds(arr)
-    bad = _whole_line_problems(block, arr, starts, ends, first_line)
+    bad = whole_line_problems(block, arr, starts, ends, first_line)
     commas = np.flatnonzero(arr == _COMMA)
     fields = np.searchsorted(commas, ends) - np.searchsorted(commas, starts) + 1
     keep = np.ones(len(ends), dtype=bool)
@@ -87,22 +69,6 @@ def check_block(block: bytes, first_line: int, table: Table) -> CheckedBlock:
         bad += value_bad
     bad.sort(key=lambda b: b.line)
     return CheckedBlock(len(ends), good, good_lines, bad)
-
-
-def _whole_line_problems(block: bytes, arr: np.ndarray, starts: np.ndarray, ends: np.ndarray,
-                         first_line: int) -> list[BadField]:
-    """Empty lines and lines holding a control character (tab, lone CR, NUL, ...), which no Outbrain row has."""
-    bad = [BadField(first_line + int(i), 0, None, 1, "empty line", "empty line", "")
-           for i in np.flatnonzero(ends == starts)]
-    control = np.flatnonzero(((arr < 32) & (arr != _NEWLINE)) | (arr == 127))
-    if len(control):
-        lines, first = np.unique(np.searchsorted(ends, control), return_index=True)
-        for line, pos in zip(lines, control[first]):
-            byte = int(pos - starts[line]) + 1
-            bad.append(BadField(first_line + int(line), 0, None, byte,
-                                f"control character {quoted_value(block[pos:pos + 1])} at byte {byte}",
-                                "control character", display_text(block[starts[line]:ends[line]])))
-    return bad
 
 
 def _parse(text, column: Column, usable):
@@ -172,11 +138,7 @@ def _check_values(work: bytes, lines: np.ndarray, table: Table):
         checks = [(~matched & ~null, column.rule)]
         if out_of_range is not None:
             checks.append((matched & out_of_range, _range_rule(column)))
-        for failing, rule in reversed(checks):  # reversed: the first rule of a column wins
-            hit = np.flatnonzero(failing)
-            if len(hit):
-                rules.append(rule)
-                failed_column[hit], failed_rule[hit] = index + 1, len(rules)
+        mark_failures(checks, index + 1, rules, failed_column, failed_rule)
     bad = [_bad_value(parsed, int(i), int(lines[i]), int(failed_column[i]), rules[failed_rule[i] - 1], table)
            for i in np.flatnonzero(failed_column)]
     good_mask = failed_column == 0

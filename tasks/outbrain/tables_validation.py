@@ -37,10 +37,10 @@ import numpy as np
 from tasks.core.progress import ProgressLog
 from tasks.core.storage import Manifest, atomic_directory, write_manifest, write_text_atomic
 from tasks.core.validation import (
-    EVIDENCE_BAD_ROWS, BucketSpill, DataQualityError, Quarantine, bad_fraction, budget_failure, gx_section,
-    iter_line_blocks, summarize_gx,
+    EVIDENCE_BAD_ROWS, BadField, BucketSpill, DataQualityError, Quarantine, bad_fraction, budget_failure,
+    first_lines, gx_section, iter_line_blocks, summarize_gx, write_good_rows,
 )
-from tasks.outbrain.raw_tables import MAX_LINE_BYTES, BadField, check_block, check_header, long_line
+from tasks.outbrain.raw_tables import MAX_LINE_BYTES, check_block, check_header, long_line
 from tasks.outbrain.schema import TABLES, Table, arrow_schema
 
 log = logging.getLogger(__name__)
@@ -144,15 +144,11 @@ class TableScan:
         for bad in checked.bad:
             self.quarantine.record(self.table.file_name, bad)
         self._spill_quarantined_keys(checked.bad, keys)
-        if len(self.evidence) < EVIDENCE_ROWS:
-            wanted = EVIDENCE_ROWS - len(self.evidence)
-            lines = block.split(b"\n", wanted)[:wanted]
-            self.evidence += [(first_line + i, line) for i, line in enumerate(lines) if line]
+        self.evidence += first_lines(block, first_line, EVIDENCE_ROWS - len(self.evidence))
         good = checked.good
-        if good is None or good.num_rows == 0:
+        if not (written := write_good_rows(writer, good)):
             return
-        writer.write_table(good)
-        self.good += good.num_rows
+        self.good += written
         self._spill_keys(good, checked.good_lines, keys)
 
     def _spill_keys(self, good, lines: np.ndarray, keys: dict[str, BucketSpill]) -> None:

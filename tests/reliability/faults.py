@@ -304,6 +304,29 @@ def manifest_content(directory: Path, drop: tuple[str, ...] = ("created_at",)) -
     return {k: v for k, v in manifest.items() if k not in drop}
 
 
+def tagged_child(code: str, args: list[str], tag: str) -> subprocess.Popen:
+    """`python -c code args` in its own session, tagged for kill_tree, output captured."""
+    env = {**os.environ, TAG_ENV: tag, "PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1"}
+    return subprocess.Popen([sys.executable, "-c", code, *args], cwd=REPO, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+
+
+def finish_child(proc: subprocess.Popen, timeout: float = 600) -> tuple[dict, str]:
+    """A child's result (the JSON after its last `RESULT ` marker) and its whole output; it must exit 0."""
+    output, _ = proc.communicate(timeout=timeout)
+    assert proc.returncode == 0, output[-4000:]
+    return json.loads(output.rsplit("RESULT ", 1)[1].splitlines()[0]), output
+
+
+def chief_checkpoint_step(out: Path) -> int:
+    """The step of a TensorFlow run's newest complete chief checkpoint in out/checkpoints (0 when there is none)."""
+    index = out / "checkpoints" / "checkpoint"
+    if not index.is_file():
+        return 0
+    match = re.search(r'model_checkpoint_path: ".*?(\d+)"', index.read_text())
+    return int(match.group(1)) if match else 0
+
+
 def leftover_temporaries(root: Path) -> list[str]:
     return sorted(p.relative_to(root).as_posix() for p in root.rglob(".tmp-*"))
 

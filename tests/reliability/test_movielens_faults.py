@@ -11,10 +11,8 @@
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -22,13 +20,13 @@ import pytest
 
 from tasks.movielens import layout
 from tasks.movielens.synthetic import write_archive
-from tests.conftest import airflow_init, airflow_test_env
-from tests.reliability.faults import TAG_ENV, assert_nothing_partial_marked_complete, kill_tree
+from tests.conftest import airflow_init, airflow_test_env, run_dag
+from tests.reliability.faults import (assert_nothing_partial_marked_complete, chief_checkpoint_step, finish_child,
+                                      kill_tree, tagged_child)
 from tests.test_ncf_train import TINY, make_planted_dataset
 
 pytestmark = [pytest.mark.reliability, pytest.mark.slow]
 
-REPO = Path(__file__).resolve().parents[2]
 CONFIG = {**TINY, "epochs": 4, "checkpoint_every_steps": 10, "seed": 3}
 _TRAIN = """
 import json, logging, sys
@@ -42,35 +40,17 @@ print("RESULT " + json.dumps(result["metrics"]))
 
 
 def _train(dataset: Path, out: Path, tag: str) -> subprocess.Popen:
-    env = {**os.environ, TAG_ENV: tag, "PYTHONPATH": str(REPO)}
-    return subprocess.Popen([sys.executable, "-c", _TRAIN, str(dataset), str(out), json.dumps(CONFIG)], cwd=REPO,
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
-
-
-def _finish(proc: subprocess.Popen) -> tuple[dict, str]:
-    output, _ = proc.communicate(timeout=600)
-    assert proc.returncode == 0, output[-4000:]
-    return json.loads(output.rsplit("RESULT ", 1)[1].splitlines()[0]), output
-
-
-def _chief_checkpoint_step(out: Path) -> int:
-    """The step of the chief's newest complete checkpoint (0 when there is none yet)."""
-    index = out / "checkpoints" / "checkpoint"
-    if not index.is_file():
-        return 0
-    match = re.search(r'model_checkpoint_path: ".*?(\d+)"', index.read_text())
-    return int(match.group(1)) if match else 0
+    return tagged_child(_TRAIN, [str(dataset), str(out), json.dumps(CONFIG)], tag)
 
 
 def test_sigkill_during_two_worker_training_then_retry_resumes_and_ends_like_a_clean_run(tmp_path: Path):
     dataset = make_planted_dataset(tmp_path / "dataset")
-    clean, _ = _finish(_train(dataset, tmp_path / "clean", "ncf-clean"))
+    clean, _ = finish_child(_train(dataset, tmp_path / "clean", "ncf-clean"))
 
     out = tmp_path / "killed"
     proc = _train(dataset, out, "ncf-killed")
     deadline = time.monotonic() + 300
-    while _chief_checkpoint_step(out) < CONFIG["checkpoint_every_steps"] and proc.poll() is None:
+    while chief_checkpoint_step(out) < CONFIG["checkpoint_every_steps"] and proc.poll() is None:
         assert time.monotonic() < deadline, "no checkpoint within 300 s"
         time.sleep(0.05)
     assert proc.poll() is None, "training finished before a checkpoint could be interrupted"
@@ -84,7 +64,7 @@ def test_sigkill_during_two_worker_training_then_retry_resumes_and_ends_like_a_c
     latest = tf.train.latest_checkpoint(str(out / "checkpoints"))
     assert latest and tf.train.load_checkpoint(latest).get_variable_to_shape_map()
 
-    resumed, log = _finish(_train(dataset, out, "ncf-retry"))
+    resumed, log = finish_child(_train(dataset, out, "ncf-retry"))
     step = int(re.search(r"resumed from step (\d+)", log).group(1))
     assert step >= CONFIG["checkpoint_every_steps"]
     assert resumed["steps"] == clean["steps"] and resumed["resumed_from_step"] == step
@@ -99,19 +79,11 @@ def airflow_env(tmp_path_factory) -> dict[str, str]:
     return airflow_init(airflow_test_env(home, data))
 
 
-def _run_dag(env: dict[str, str], dag_id: str, conf: dict) -> dict:
-    proc = subprocess.run([sys.executable, str(REPO / "scripts" / "run_dag.py"), dag_id, "--conf", json.dumps(conf)],
-                          env=env, capture_output=True, text=True, timeout=600)
-    lines = proc.stdout.strip().splitlines()
-    assert lines, proc.stderr[-3000:]
-    return json.loads(lines[-1]) | {"log": proc.stdout + proc.stderr}
-
-
 def test_bad_ratings_fail_validation_once_with_one_line_and_announce_nothing(airflow_env):
     root = Path(airflow_env["RECFLOW_DATA_ROOT"])
     bad = {line: "3,17,7.5,1200000000" for line in range(40, 400, 30)}  # 12 of ~2,400 rows: over the 0.1% budget
     write_archive(layout.source_dir(root), "ml-20m", users=100, items=150, ratings_per_user=24, seed=2, bad_lines=bad)
-    run = _run_dag(airflow_env, "movielens_ingest", {"dataset": "ml-20m"})
+    run = run_dag(airflow_env, "movielens_ingest", {"dataset": "ml-20m"}, timeout=600)
     assert run["state"] == "failed"
     tasks = run["tasks"]
     assert tasks["download"]["state"] == "success"
@@ -127,7 +99,7 @@ def test_bad_ratings_fail_validation_once_with_one_line_and_announce_nothing(air
 
 
 def test_training_a_snapshot_never_ingested_fails_at_once_with_one_line(airflow_env):
-    run = _run_dag(airflow_env, "movielens_ncf", {"profile": "demo", "dataset": "ml-1m"})
+    run = run_dag(airflow_env, "movielens_ncf", {"profile": "demo", "dataset": "ml-1m"}, timeout=600)
     assert run["state"] == "failed"
     assert run["tasks"]["resolve_run"]["state"] == "failed" and run["tasks"]["resolve_run"]["try_number"] == 1
     assert all(t["state"] == "upstream_failed" for name, t in run["tasks"].items() if name != "resolve_run")

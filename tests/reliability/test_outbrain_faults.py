@@ -16,10 +16,8 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import re
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -30,12 +28,12 @@ from tasks.core.config import Settings
 from tasks.core.storage import MANIFEST_NAME
 from tasks.outbrain import layout
 from tasks.outbrain.synthetic import write_snapshot
-from tests.conftest import airflow_init, airflow_test_env
-from tests.reliability.faults import TAG_ENV, assert_nothing_partial_marked_complete, kill_tree, leftover_temporaries
+from tests.conftest import airflow_init, airflow_test_env, run_dag
+from tests.reliability.faults import (assert_nothing_partial_marked_complete, chief_checkpoint_step, finish_child,
+                                      kill_tree, leftover_temporaries, tagged_child)
 
 pytestmark = [pytest.mark.reliability, pytest.mark.slow]
 
-REPO = Path(__file__).resolve().parents[2]
 # tests/test_wide_deep_train.py's tiny model (TINY) for 3 epochs: 2 workers x ~17 steps an epoch, a checkpoint every
 # 10 steps.
 EPOCHS, CHECKPOINT_EVERY = 3, 10
@@ -69,34 +67,12 @@ print("RESULT " + json.dumps(result), flush=True)
 """
 
 
-def _child(code: str, args: list[str], tag: str) -> subprocess.Popen:
-    """`python -c code args` in its own session, tagged for kill_tree, output captured."""
-    env = {**os.environ, TAG_ENV: tag, "PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1"}
-    return subprocess.Popen([sys.executable, "-c", code, *args], cwd=REPO, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
-
-
-def _finish(proc: subprocess.Popen, timeout: float = 600) -> tuple[dict, str]:
-    output, _ = proc.communicate(timeout=timeout)
-    assert proc.returncode == 0, output[-4000:]
-    return json.loads(output.rsplit("RESULT ", 1)[1].splitlines()[0]), output
-
-
 def _killed_output(proc: subprocess.Popen) -> str:
     output, _ = proc.communicate(timeout=30)
     return output
 
 
 # ---- 1. training killed after a checkpoint --------------------------------------------------------------------------
-
-
-def _chief_checkpoint_step(out: Path) -> int:
-    """The step of the chief's newest complete checkpoint (0 when there is none yet)."""
-    index = out / "checkpoints" / "checkpoint"
-    if not index.is_file():
-        return 0
-    match = re.search(r'model_checkpoint_path: ".*?(\d+)"', index.read_text())
-    return int(match.group(1)) if match else 0
 
 
 def test_sigkill_during_two_worker_wide_deep_training_then_retry_resumes_and_ends_like_a_clean_run(tmp_path: Path):
@@ -106,13 +82,13 @@ def test_sigkill_during_two_worker_wide_deep_training_then_retry_resumes_and_end
 
     config = {**TINY, "epochs": EPOCHS, "checkpoint_every_steps": CHECKPOINT_EVERY}
     dataset = make_planted_tfrecords(tmp_path / "dataset")
-    clean, _ = _finish(_train(dataset, tmp_path / "clean", config, "wd-clean"))
+    clean, _ = finish_child(_train(dataset, tmp_path / "clean", config, "wd-clean"))
     assert clean["workers"] == 2 and clean["resumed_from_step"] is None
 
     out = tmp_path / "killed"
     proc = _train(dataset, out, config, "wd-killed")
     deadline = time.monotonic() + 300
-    while _chief_checkpoint_step(out) < CHECKPOINT_EVERY and proc.poll() is None:
+    while chief_checkpoint_step(out) < CHECKPOINT_EVERY and proc.poll() is None:
         assert time.monotonic() < deadline, "no checkpoint within 300 s"
         time.sleep(0.05)
     assert proc.poll() is None, "training finished before a checkpoint could be interrupted:\n" + \
@@ -131,9 +107,9 @@ def test_sigkill_during_two_worker_wide_deep_training_then_retry_resumes_and_end
 
     latest = tf.train.latest_checkpoint(str(out / "checkpoints"))
     assert latest and tf.train.load_checkpoint(latest).get_variable_to_shape_map()
-    last_checkpoint = _chief_checkpoint_step(out)
+    last_checkpoint = chief_checkpoint_step(out)
 
-    resumed, log = _finish(_train(dataset, out, config, "wd-retry"))
+    resumed, log = finish_child(_train(dataset, out, config, "wd-retry"))
     step = int(re.search(r"\[rank 0\] resumed from step (\d+)", log).group(1))
     assert step >= CHECKPOINT_EVERY and step == last_checkpoint
     assert resumed["resumed_from_step"] == step
@@ -146,7 +122,7 @@ def test_sigkill_during_two_worker_wide_deep_training_then_retry_resumes_and_end
 
 
 def _train(dataset: Path, out: Path, config: dict, tag: str) -> subprocess.Popen:
-    return _child(_TRAIN, [str(dataset), str(out), json.dumps(config)], tag)
+    return tagged_child(_TRAIN, [str(dataset), str(out), json.dumps(config)], tag)
 
 
 # ---- 2. the TFRecord writer killed while it writes -------------------------------------------------------------------
@@ -199,7 +175,7 @@ def test_sigkill_of_the_tfrecord_writer_marks_nothing_complete_and_a_rerun_build
     out = layout.features_root(root) / "kaggle-kill"
     args = [str(root), str(tables), str(out), json.dumps(FEATURES), SPARK]
 
-    proc = _child(_FEATURES, args, "ob-features-killed")
+    proc = tagged_child(_FEATURES, args, "ob-features-killed")
     deadline = time.monotonic() + 300
     while (found := _writer(proc)) is None:
         assert proc.poll() is None, "the features step ended before its writer could be caught:\n" + \
@@ -223,7 +199,7 @@ def test_sigkill_of_the_tfrecord_writer_marks_nothing_complete_and_a_rerun_build
         validate_dataset(out)
     assert_nothing_partial_marked_complete(root)
 
-    rerun, rerun_log = _finish(_child(_FEATURES, args, "ob-features-retry"))
+    rerun, rerun_log = finish_child(tagged_child(_FEATURES, args, "ob-features-retry"))
     assert not rerun["cached"] and "removed 1 leftover temporaries" in rerun_log
     checked = validate_dataset(out)
     rows = {"train": spark_stats["train"]["rows"], "test": spark_stats["test"]["rows"]}
@@ -243,14 +219,6 @@ def test_sigkill_of_the_tfrecord_writer_marks_nothing_complete_and_a_rerun_build
 def airflow_env(tmp_path_factory) -> dict[str, str]:
     home, data = tmp_path_factory.mktemp("airflow"), tmp_path_factory.mktemp("data")
     return airflow_init(airflow_test_env(home, data))
-
-
-def _run_dag(env: dict[str, str], dag_id: str, conf: dict) -> dict:
-    proc = subprocess.run([sys.executable, str(REPO / "scripts" / "run_dag.py"), dag_id, "--conf", json.dumps(conf)],
-                          env=env, capture_output=True, text=True, timeout=600)
-    lines = proc.stdout.strip().splitlines()
-    assert lines, proc.stderr[-3000:]
-    return json.loads(lines[-1]) | {"log": proc.stdout + proc.stderr}
 
 
 def _break_events(source: Path, lines: list[int]) -> None:
@@ -275,7 +243,7 @@ def test_bad_events_fail_validation_once_with_one_line_and_announce_nothing(airf
     write_snapshot(source, displays=300, seed=2)
     bad = list(range(40, 300, 30))  # 9 of 300 events: 3%, over the 0.1% budget
     _break_events(source, bad)
-    run = _run_dag(airflow_env, "outbrain_ingest", {"snapshot": "broken"})
+    run = run_dag(airflow_env, "outbrain_ingest", {"snapshot": "broken"}, timeout=600)
     assert run["state"] == "failed"
     tasks = run["tasks"]
     assert tasks["download"]["state"] == "success", run["log"][-4000:]
@@ -294,7 +262,7 @@ def test_bad_events_fail_validation_once_with_one_line_and_announce_nothing(airf
 
 
 def test_training_a_snapshot_never_ingested_fails_at_once_with_one_line(airflow_env):
-    run = _run_dag(airflow_env, "outbrain_wide_deep", {"profile": "demo", "snapshot": "unseen"})
+    run = run_dag(airflow_env, "outbrain_wide_deep", {"profile": "demo", "snapshot": "unseen"}, timeout=600)
     assert run["state"] == "failed"
     assert run["tasks"]["resolve_run"]["state"] == "failed" and run["tasks"]["resolve_run"]["try_number"] == 1
     assert all(t["state"] == "upstream_failed" for name, t in run["tasks"].items() if name != "resolve_run"), \
