@@ -22,8 +22,9 @@ def spark_session(app_name: str):
 def reuse_level(spark):
     """Where a job keeps a DataFrame it reads more than once. In a local run (one JVM: the driver's heap, 2g by
     default, is every task's) on disk: cached blocks held in the heap take the storage half of its unified memory,
-    and the sorts and joins then spill so often that they run out of heap (movielens at ml-20m and outbrain at 10%
-    of Kaggle's size both died so; both pass with the caches on disk). On a cluster, memory first, then disk."""
+    and the sorts and joins then spill so often that they run out of heap (two of the jobs died so at their
+    datasets' full sizes and pass with the caches on disk: docs/PERFORMANCE-scale.md). On a cluster, memory first,
+    then disk."""
     from pyspark import StorageLevel
 
     local = spark.sparkContext.master.startswith("local")

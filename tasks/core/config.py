@@ -38,7 +38,7 @@ class Settings:
     publish_uri: str = ""  # empty: <data root>/published
     file_source_roots: tuple[Path, ...] = ()  # empty: the data root (datasets add their source folders)
     # Bytes per block when streaming a file through validation: bounds memory, independent of file size. 16 MiB, not
-    # 64: pyarrow parses a block that stays in the CPU's caches ~1.6x faster (Criteo: 1.58 -> 1.00 s of CPU per 1M
+    # 64: pyarrow parses a block that stays in the CPU's caches ~1.6x faster (1.58 -> 1.00 s of CPU per 1M click log
     # rows), the pages are reused instead of faulted in afresh, and checked_blocks' helper thread overlaps more of a
     # file (docs/PERFORMANCE-endtoend.md, issue #27 round 4).
     validation_block_bytes: int = 16 << 20
