@@ -132,9 +132,6 @@ class Scorer:
     """The published model: eager (model.pt, returns logits) or the TorchScript export (returns probabilities)."""
 
     def __init__(self, version_dir: Path, engine: str = "eager") -> None:
-        import torch
-
-        torch.set_grad_enabled(False)
         self.engine = engine
         if engine == "eager":
             from models.dlrm.evaluate import load_model_file
@@ -155,7 +152,8 @@ class Scorer:
         for start in range(0, len(numerical), SCORE_BATCH_ROWS):
             x = torch.from_numpy(numerical[start:start + SCORE_BATCH_ROWS])
             c = torch.from_numpy(categorical[start:start + SCORE_BATCH_ROWS])
-            out = self.model(x, c)
+            with torch.inference_mode():  # not torch.set_grad_enabled(False): that would hold for the whole process
+                out = self.model(x, c)
             if self.engine == "eager":
                 logits.append(out.float().numpy())
                 probabilities.append(torch.sigmoid(out).float().numpy())
