@@ -13,6 +13,7 @@ Output directory: quarantine.jsonl, report.json, and _MANIFEST.json only when th
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import time
@@ -30,7 +31,8 @@ from tasks.byo.spec import (CATEGORICAL_CHANNEL, FLOAT16_MAX, MAPPINGS, NUMERICA
 from tasks.core.progress import ProgressLog
 from tasks.core.storage import Manifest, atomic_directory, write_manifest, write_text_atomic
 from tasks.core.validation import (DataQualityError, Quarantine, budget_failure, display_text, gx_section,
-                                   iter_line_blocks, keep_lines, line_bounds, quoted_value, summarize_gx)
+                                   iter_line_blocks, keep_lines, line_bounds, quoted_value, start_gx_worker,
+                                   summarize_gx)
 from tasks.formats.feature_spec import FeatureSpec
 
 log = logging.getLogger(__name__)
@@ -159,6 +161,7 @@ def validate_csvs(spec: FeatureSpec, source_dir: Path, out: Path, *, inputs: dic
     """Validate every chunk file of `spec` (found under source_dir) into `out` (replaced atomically). Raises
     DataQualityError with one line (file, line, column) over budget or on a whole-dataset rule."""
     started = time.monotonic()
+    start_gx_worker()  # the report's GX run needs it at the end: imported in another process while the rows are checked
     source_dir = Path(source_dir)
     cards = declared_cardinalities(spec)
     names = [c.file for m in MAPPINGS for c in csv_chunks(spec, m)]
@@ -263,7 +266,7 @@ def _report(files, rows, bad, total, budget, first_bad, evidence, seconds) -> di
     frames = {}
     for name, (chunk, good, bad_sample) in evidence.items():
         if good or bad_sample:
-            frames[name.replace("/", "__")] = (lambda c=chunk: _suite(c, mostly),
+            frames[name.replace("/", "__")] = (functools.partial(_suite, chunk, mostly),
                                                _evidence_frame(chunk, good, bad_sample))
     results = run_gx_suites(frames, "byo_csv") if frames else {}
     for name, result in results.items():

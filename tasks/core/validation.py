@@ -9,6 +9,8 @@ GX suite. Nothing here knows a column name.
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import importlib
 import json
 import logging
@@ -384,27 +386,122 @@ class DistinctPairs:
 # ---- Great Expectations on an evidence frame ----------------------------------------------------------------------
 
 
-_gx_import_started = False
 _gx_run_lock = threading.Lock()
+_gx_worker_lock = threading.Lock()
+_gx_worker: _GxWorker | None = None
+_gx_import_started = False
 
 
-def import_gx_in_background() -> None:
-    """Start importing Great Expectations in a daemon thread, once per process. The import costs ~3 s of CPU, nearly
-    all Python; started when a validation starts, it overlaps the row checks (numpy / pyarrow, which release the
-    GIL) instead of adding to them. run_gx_suites' own import then waits for it (Python's per-module import lock)."""
-    global _gx_import_started
-    if _gx_import_started or "great_expectations" in sys.modules:
-        return
-    _gx_import_started = True
-    logging.getLogger("great_expectations").setLevel(logging.WARNING)  # its import logs hundreds of INFO lines
-    threading.Thread(target=importlib.import_module, args=("great_expectations",), name="gx-import",
-                     daemon=True).start()
+class _GxWorker:
+    """A child process (spawned, daemonic) that imports Great Expectations as soon as it starts and then runs
+    run_gx_suites' requests one at a time over a pipe: the import (~3.5 s of CPU, nearly all Python) runs beside
+    this process's row checks on another core instead of holding this process's GIL. (Imported in a thread of this
+    process, it slowed a 1M-row Criteo day's checks from ~3.9 to ~8.3 s of wall: issue #27.)"""
+
+    def __init__(self) -> None:
+        import multiprocessing
+
+        context = multiprocessing.get_context("spawn")
+        self.connection, child = context.Pipe()
+        self.process = context.Process(target=_gx_worker_main, args=(child,), name="recflow-gx", daemon=True)
+        self.process.start()
+        child.close()
+        self.lock = threading.Lock()
+        atexit.register(self.stop)
+
+    def stop(self) -> None:
+        """End the child at this process's exit without waiting for it: an interpreter that imported GX takes ~1 s
+        to shut down, and the child holds nothing to flush (it writes no files; its process-shared lock is replaced
+        by a thread lock, _gx_worker_main), so it is terminated once its pipe is closed."""
+        with contextlib.suppress(OSError):
+            self.connection.close()
+        self.process.join(timeout=0.05)
+        if self.process.is_alive():
+            self.process.terminate()
+            self.process.join(timeout=5)
+
+    def run(self, frames: dict[str, tuple[Callable[[], Any], Any]], source_name: str) -> dict[str, dict[str, Any]]:
+        """The suites' results, run in the child; raises OSError/EOFError when the child is gone."""
+        with self.lock:
+            self.connection.send((frames, source_name))
+            ok, payload = self.connection.recv()
+        if not ok:
+            raise RuntimeError(f"Great Expectations failed in its worker process: {payload}")
+        return payload
+
+
+def _gx_worker_main(connection: Any) -> None:
+    """The worker's loop: import GX, then answer (frames, source name) requests until the pipe closes."""
+    import traceback
+
+    import tqdm
+
+    # GX's progress bars would create tqdm's default lock, a named multiprocessing semaphore, which a terminated
+    # child leaves to the resource tracker (a warning at exit); progress bars are off here, a thread lock will do.
+    tqdm.tqdm.set_lock(threading.RLock())
+    logging.getLogger("great_expectations").setLevel(logging.WARNING)
+    importlib.import_module("great_expectations")
+    while True:
+        try:
+            frames, source_name = connection.recv()
+        except EOFError:
+            return
+        try:
+            connection.send((True, _run_gx_suites(frames, source_name)))
+        except Exception:  # noqa: BLE001 - reported to the caller, who raises it with the child's traceback
+            connection.send((False, traceback.format_exc(limit=5)))
+
+
+def start_gx_worker() -> None:
+    """Have Great Expectations imported off this process's GIL, once per process: in a worker process
+    (_GxWorker) that run_gx_suites then uses, started when a validation starts so the import overlaps its row
+    checks. A daemonic process (which may not start children) imports it in a daemon thread instead."""
+    global _gx_worker, _gx_import_started
+    with _gx_worker_lock:
+        if _gx_worker is not None or _gx_import_started or "great_expectations" in sys.modules:
+            return
+        import multiprocessing
+
+        if not multiprocessing.current_process().daemon:
+            try:
+                _gx_worker = _GxWorker()
+                return
+            except OSError as error:
+                log.warning("could not start the Great Expectations worker process (%s): importing it here", error)
+        _gx_import_started = True
+        logging.getLogger("great_expectations").setLevel(logging.WARNING)  # its import logs hundreds of INFO lines
+        threading.Thread(target=importlib.import_module, args=("great_expectations",), name="gx-import",
+                         daemon=True).start()
+
+
+def _picklable(value: Any) -> bool:
+    import pickle
+
+    try:
+        pickle.dumps(value)
+    except (pickle.PicklingError, AttributeError, TypeError):
+        return False
+    return True
 
 
 def run_gx_suites(frames: dict[str, tuple[Callable[[], Any], Any]], source_name: str) -> dict[str, dict[str, Any]]:
     """Validate each evidence frame with its suite ({name: (suite builder, pandas frame)}) in one ephemeral GX
     context (GX builds suites only once a context exists); returns the JSON-able validation result of each. GX's pandas engine is far too slow for whole files, so a
-    dataset checks every row with its vectorised checker and hands GX a bounded evidence frame, parsed on its own."""
+    dataset checks every row with its vectorised checker and hands GX a bounded evidence frame, parsed on its own.
+    Runs in the GX worker process when start_gx_worker started one (the builders must then pickle: module-level
+    functions or functools.partial of them), else in this process."""
+    global _gx_worker
+    worker = _gx_worker
+    if worker is not None and not _picklable([builder for builder, _ in frames.values()]):
+        log.warning("%s: the GX suite builders do not pickle (a lambda?); running them in this process", source_name)
+        worker = None
+    if worker is not None:
+        try:
+            return worker.run(frames, source_name)
+        except (OSError, EOFError) as error:  # the worker died: run here from now on
+            log.warning("the Great Expectations worker process is gone (%s): running the suites here", error)
+            with _gx_worker_lock:
+                _gx_worker = None
     with _gx_run_lock:  # one run at a time per process: get_context sets GX's process-wide current context
         return _run_gx_suites(frames, source_name)
 

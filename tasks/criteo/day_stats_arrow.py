@@ -12,9 +12,10 @@ The output is the dataset spark_jobs/criteo/day_stats.py writes, field for field
 
 Memory is bounded by one row group (the typed blocks it is written from), whatever the day's size. A categorical
 value is 8 lowercase hex characters, so a (column, value) pair is one uint64 key, column << 32 | int(value, 16).
-Each block's keys are counted with numpy; the (key, count) pairs pile up to a bounded buffer, which is then combined
-and spilled, split by a hash of the key into bucket files inside the output's temporary directory. At the end each
-bucket is combined on its own (one bucket in memory at a time) and appended to the counts file.
+Each block counts its values column by column on their raw 8 bytes (one uint64 each, no parsing) and turns only the
+distinct ones into keys; the (key, count) pairs pile up to a bounded buffer, which is then combined and spilled,
+split by a hash of the key into bucket files inside the output's temporary directory. At the end each bucket is
+combined on its own (one bucket in memory at a time) and appended to the counts file.
 """
 
 from __future__ import annotations
@@ -111,8 +112,21 @@ class TypedRows:
     """One block's good rows typed as the Spark job types them, row_order not yet added (it needs the rows before)."""
 
     arrays: list[pa.Array]  # COLUMNAR_SCHEMA's columns but row_order
-    keys: np.ndarray        # the (column, value) keys of their categoricals
+    keys: np.ndarray        # the distinct (column, value) keys of their categoricals
+    counts: np.ndarray      # how many of the rows hold each key
     num_rows: int
+
+
+def value_counts(data: np.ndarray, column: int) -> tuple[np.ndarray, np.ndarray]:
+    """(distinct keys, counts) of a run of 8-hex-character values (their bytes back to back) of one column.
+
+    The values are counted on their raw bytes, read as one uint64 each (equal bytes, equal number), by pandas' hash
+    table; only the distinct ones are turned into keys: ~3.5x less CPU than parsing every value first (issue #27)."""
+    import pandas as pd
+
+    codes, distinct = pd.factorize(data.view("<u8"))
+    counts = np.bincount(codes, minlength=len(distinct))
+    return hex_keys(np.ascontiguousarray(distinct, dtype="<u8").view(np.uint8), column), counts
 
 
 def type_rows(good: pa.Table) -> TypedRows:
@@ -126,15 +140,17 @@ def type_rows(good: pa.Table) -> TypedRows:
     for name in INT_COLUMNS:
         strings, _ = _nullable_strings(*binary_parts(good.column(name)))
         arrays.append(pc.cast(strings, pa.int64()))
-    keys = []
+    keys, counts = [], []
     for index, name in enumerate(CAT_COLUMNS):
         offsets, data = binary_parts(good.column(name))
         strings, present = _nullable_strings(offsets, data)
         if len(data) != 8 * int(np.count_nonzero(present)) or np.any(np.diff(offsets)[present] != 8):
             raise ValueError(f"{name} holds values that are not 8 characters; the rows were not validated")
         arrays.append(strings)
-        keys.append(hex_keys(data, index))
-    return TypedRows(arrays, np.concatenate(keys), good.num_rows)
+        column_keys, column_counts = value_counts(data, index)
+        keys.append(column_keys)
+        counts.append(column_counts)
+    return TypedRows(arrays, np.concatenate(keys), np.concatenate(counts), good.num_rows)
 
 
 def numbered(typed: TypedRows, first_row: int) -> pa.Table:
@@ -168,15 +184,17 @@ class KeyCounter:
         self._buffered = 0
         self.spilled_pairs = 0
 
-    def add(self, keys: np.ndarray) -> None:
-        import pandas as pd
+    def add(self, keys: np.ndarray, counts: np.ndarray | None = None) -> None:
+        """Count `keys` (each once), or, with `counts`, add counts[i] to distinct keys[i]."""
+        if counts is None:
+            import pandas as pd
 
-        # pandas' hash table: ~4x faster than np.unique's sort on a block's ~5M keys
-        codes, distinct = pd.factorize(keys)
-        counts = np.bincount(codes, minlength=len(distinct))
-        self._keys.append(np.asarray(distinct, dtype=np.uint64))
+            # pandas' hash table: ~4x faster than np.unique's sort on a block's ~5M keys
+            codes, keys = pd.factorize(keys)
+            counts = np.bincount(codes, minlength=len(keys))
+        self._keys.append(np.asarray(keys, dtype=np.uint64))
         self._counts.append(counts.astype(np.uint32))
-        self._buffered += len(distinct)
+        self._buffered += len(keys)
         if self._buffered >= self.buffer_pairs:
             self._spill()
 
@@ -244,12 +262,12 @@ class DayStatsWriter:
         if good.num_rows == 0:
             return
         typed = typed or type_rows(good)
-        table, keys = numbered(typed, self.rows), typed.keys
+        table = numbered(typed, self.rows)
         self._pending.append(table)
         self._pending_rows += table.num_rows
         if self._pending_rows >= self.row_group_rows:
             self._write_row_group()
-        self.counter.add(keys)
+        self.counter.add(typed.keys, typed.counts)
         self.rows += table.num_rows
         self.blocks += 1
 

@@ -9,6 +9,7 @@ row — whose result (counts, unexpected examples) is kept as the day's GX repor
 
 from __future__ import annotations
 
+import functools
 import logging
 from typing import Any
 
@@ -60,5 +61,5 @@ def run_raw_suite(lines: list[bytes], mostly: float) -> dict[str, Any]:
     """Validate the evidence lines with GX; return the JSON-able validation result."""
     from tasks.core.validation import run_gx_suites
 
-    suite = lambda: criteo_raw_suite(mostly)  # noqa: E731 - built inside GX's context
+    suite = functools.partial(criteo_raw_suite, mostly)  # built inside GX's context (in its worker process)
     return run_gx_suites({"evidence": (suite, evidence_frame(lines))}, "criteo_raw")["evidence"]

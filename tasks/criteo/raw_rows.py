@@ -5,7 +5,7 @@ numpy checks each field against the schema's rules (tasks/criteo/raw_fields.py);
 parse line for line (a line of another field count, a carriage return) has its tabs counted per line by numpy, to
 find and drop those lines first. Bad rows come back with their line number, the first offending field and the byte
 column where it starts, so the task log can say exactly where a day went wrong. Memory is one block (16 MiB by
-default; checked_blocks holds up to three), whatever the day's size.
+default; checked_blocks holds a few), whatever the day's size.
 """
 
 from __future__ import annotations
@@ -99,16 +99,21 @@ def iter_line_blocks(path: Path, block_bytes: int, max_line_bytes: int | None = 
         yield line_no, carry, []
 
 
+CHECK_THREADS = 2  # blocks checked at once per day: a day alone keeps two cores busy, memory stays a few blocks
+
+
 def checked_blocks(path: Path, block_bytes: int, keep_good: bool = False, max_line_bytes: int | None = None,
-                   prepare: Callable[[Any], Any] | None = None
+                   prepare: Callable[[Any], Any] | None = None, threads: int = CHECK_THREADS
                    ) -> Iterator[tuple[bytes, list[BadRow], BlockResult | None]]:
     """(block, over-long lines skipped before it, check_block's result or None for an empty block) for each block of
-    iter_line_blocks (max_line_bytes as there), in file order. The next block is checked in a helper thread while the caller handles this
-    one (pyarrow's parse and numpy's checks release the GIL): a day's validation keeps two cores busy, e.g. the
-    last day of a backfill that runs alone. Memory: up to three blocks (one read, one checked, one handled).
-    prepare: a function of a block's good rows (keep_good) also run in the helper thread, in file order, its result
-    in BlockResult.prepared: work of the caller's that is a pure function of the block (e.g. typing the columns)
+    iter_line_blocks (max_line_bytes as there), in file order. The next `threads` blocks are checked in helper
+    threads while the caller handles this one (pyarrow's parse, numpy's checks and pandas' hash tables release the
+    GIL): a day's validation keeps the cores busy, e.g. the last day of a backfill that runs alone. Memory: up to
+    threads + 2 blocks (those being checked, one read, one handled).
+    prepare: a function of a block's good rows (keep_good) also run in the helper threads, its result in
+    BlockResult.prepared: work of the caller's that is a pure function of the block (e.g. typing the columns)
     moves off the thread that handles the blocks."""
+    from collections import deque
     from concurrent.futures import ThreadPoolExecutor
 
     def check(first_line: int, block: bytes, skipped: list[BadRow]):
@@ -117,15 +122,14 @@ def checked_blocks(path: Path, block_bytes: int, keep_good: bool = False, max_li
             result.prepared = prepare(result.good_rows)
         return block, skipped, result
 
-    with ThreadPoolExecutor(1, thread_name_prefix="check-block") as pool:
-        pending = None
+    with ThreadPoolExecutor(max(1, threads), thread_name_prefix="check-block") as pool:
+        pending: deque = deque()
         for first_line, block, skipped in iter_line_blocks(path, block_bytes, max_line_bytes):
-            submitted = pool.submit(check, first_line, block, skipped)
-            if pending is not None:
-                yield pending.result()
-            pending = submitted
-        if pending is not None:
-            yield pending.result()
+            pending.append(pool.submit(check, first_line, block, skipped))
+            if len(pending) > max(1, threads):
+                yield pending.popleft().result()
+        while pending:
+            yield pending.popleft().result()
 
 
 def _skip_long_line(f, head: bytes, line_no: int, max_line_bytes: int) -> tuple[BadRow, int]:

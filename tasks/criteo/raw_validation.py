@@ -28,7 +28,7 @@ from tasks.criteo.schema import RAW_COLUMNS
 from tasks.criteo.raw_rows import RULE_TEXT, BadRow, checked_blocks
 from tasks.core.progress import ProgressLog
 from tasks.core.storage import Manifest, atomic_directory, write_manifest, write_text_atomic
-from tasks.core.validation import DataQualityError, gx_section, import_gx_in_background
+from tasks.core.validation import DataQualityError, gx_section, start_gx_worker
 
 if TYPE_CHECKING:
     from tasks.criteo.day_stats_arrow import StatsTarget
@@ -73,7 +73,7 @@ def validate_raw_file(raw: Path, out: Path, *, inputs: dict[str, Any], budget: f
     stats: also write the day's typed columnar copy and value counts there, from the good rows of this pass.
     """
     start = time.monotonic()
-    import_gx_in_background()  # the report's GX run needs it at the end: imported while the rows are checked
+    start_gx_worker()  # the report's GX run needs it at the end: imported in another process while the rows are checked
     progress = ProgressLog(f"validating {raw.name}", total=raw.stat().st_size, unit="bytes", every_s=PROGRESS_EVERY_S, logger=log)
     total = bad_count = bytes_done = 0
     reasons: Counter[str] = Counter()

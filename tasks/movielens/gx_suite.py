@@ -16,6 +16,7 @@ Each value expectation has mostly = 1 - budget, so its result reads as "would th
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from typing import Any
@@ -81,5 +82,5 @@ def run_ratings_suite(lines: list[tuple[int, bytes]], fmt: RatingsFormat, mostly
     """Validate the evidence lines (line number, raw bytes) with GX; return the JSON-able validation result."""
     from tasks.core.validation import run_gx_suites
 
-    suite = lambda: ratings_suite(fmt, mostly, max_timestamp)  # noqa: E731 - built inside GX's context
+    suite = functools.partial(ratings_suite, fmt, mostly, max_timestamp)  # built inside GX's context
     return run_gx_suites({"evidence": (suite, evidence_frame(lines, fmt))}, "movielens_ratings")["evidence"]

@@ -23,7 +23,7 @@ from tasks.core.progress import ProgressLog
 from tasks.core.storage import Manifest, atomic_directory, write_manifest, write_text_atomic
 from tasks.core.validation import (
     EVIDENCE_BAD_ROWS, BadField, DataQualityError, DistinctPairs, Quarantine, bad_fraction, budget_failure,
-    first_lines, gx_section, summarize_gx, write_good_rows,
+    first_lines, gx_section, start_gx_worker, summarize_gx, write_good_rows,
 )
 from tasks.movielens.raw_ratings import check_block, iter_line_blocks, quoted
 from tasks.movielens.schema import FUTURE_SLACK_S, ITEM_ID, RATING, TIMESTAMP, USER_ID, RatingsFormat
@@ -47,6 +47,7 @@ def validate_ratings_file(ratings: Path, out: Path, *, fmt: RatingsFormat, input
     if not ratings.is_file():
         raise DataQualityError(f"{ratings.name}: ratings file {ratings} is missing")
     max_timestamp = int(time.time() if now is None else now) + FUTURE_SLACK_S
+    start_gx_worker()  # the report's GX run needs it at the end: imported in another process while the rows are checked
     failure: str | None = None
     with atomic_directory(out) as tmp:
         scan = RatingsScan(ratings, tmp, fmt, max_timestamp=max_timestamp, block_bytes=block_bytes)

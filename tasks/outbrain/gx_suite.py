@@ -16,6 +16,7 @@ Each value expectation has mostly = 1 - budget, so its result reads as "would th
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 from tasks.outbrain.schema import TABLES, Table
@@ -71,9 +72,6 @@ def run_table_suites(evidence: dict[str, list[tuple[int, bytes]]], mostly: float
     context; returns the JSON-able result per file stem."""
     from tasks.core.validation import run_gx_suites
 
-    def suite_of(table: Table):
-        return lambda: table_suite(table, mostly)
-
-    frames = {name: (suite_of(TABLES[name]), evidence_frame(lines, TABLES[name]))
+    frames = {name: (functools.partial(table_suite, TABLES[name], mostly), evidence_frame(lines, TABLES[name]))
               for name, lines in evidence.items() if lines}
     return run_gx_suites(frames, "outbrain_raw")

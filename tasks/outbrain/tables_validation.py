@@ -38,7 +38,7 @@ from tasks.core.progress import ProgressLog
 from tasks.core.storage import Manifest, atomic_directory, write_manifest, write_text_atomic
 from tasks.core.validation import (
     EVIDENCE_BAD_ROWS, BadField, BucketSpill, DataQualityError, Quarantine, bad_fraction, budget_failure,
-    first_lines, gx_section, iter_line_blocks, summarize_gx, write_good_rows,
+    first_lines, gx_section, iter_line_blocks, start_gx_worker, summarize_gx, write_good_rows,
 )
 from tasks.outbrain.raw_tables import MAX_LINE_BYTES, check_block, check_header, long_line
 from tasks.outbrain.schema import TABLES, Table, arrow_schema
@@ -62,6 +62,7 @@ def validate_tables(raw_dir: Path, out: Path, *, inputs: dict[str, Any], budget:
     if missing:
         raise DataQualityError(f"{raw_dir} has no {', '.join(missing)}: the snapshot is incomplete")
     started = time.monotonic()
+    start_gx_worker()  # the report's GX run needs it at the end: imported in another process while the rows are checked
     with atomic_directory(out) as tmp:
         quarantine = Quarantine(tmp / "quarantine.jsonl", evidence_rows=EVIDENCE_BAD_ROWS)
         buckets = max(1, math.ceil(max((raw_dir / f"{n}.csv").stat().st_size for n in _KEYED) / max(block_bytes, 1)))

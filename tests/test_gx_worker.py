@@ -1,0 +1,61 @@
+"""Great Expectations in its worker process (tasks.core.validation.start_gx_worker / run_gx_suites).
+
+Each case runs in a fresh interpreter: the point is what happens in a process that has not imported GX yet (the
+pytest process has, through other tests).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+
+from tests.conftest import CRITEO_SAMPLE, REPO
+
+
+def run_script(body: str) -> dict:
+    """Run `body` in a fresh interpreter at the repo root; it prints one JSON line last, returned here."""
+    done = subprocess.run([sys.executable, "-c", textwrap.dedent(body)], cwd=REPO, capture_output=True, text=True,
+                          timeout=180)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "leaked semaphore" not in done.stderr  # the worker ends without leaving anything to the tracker
+    return {**json.loads(done.stdout.strip().splitlines()[-1]), "stderr": done.stderr}
+
+
+def test_suites_run_in_the_worker_and_this_process_never_imports_gx():
+    result = run_script(f"""
+        import json, os, sys
+        from tasks.core import validation
+        from tasks.criteo.gx_suite import run_raw_suite
+        validation.start_gx_worker()
+        lines = open({str(CRITEO_SAMPLE)!r}, "rb").read().split(b"\\n")[:50]
+        good = run_raw_suite(lines, mostly=0.99)
+        bad = run_raw_suite([b"2\\t" + line.split(b"\\t", 1)[1] for line in lines], mostly=0.99)  # labels of 2
+        print(json.dumps({{"good": good["success"], "bad": bad["success"],
+                           "checked": good["statistics"]["evaluated_expectations"],
+                           "worker": validation._gx_worker.process.pid != os.getpid(),
+                           "gx_here": "great_expectations" in sys.modules}}))
+    """)
+    assert result["good"] is True and result["bad"] is False
+    assert result["checked"] == 1 + 1 + 2 + 13 + 26  # columns, field count, label set + not null, 39 value rules
+    assert result["worker"] is True and result["gx_here"] is False
+
+
+def test_a_dead_worker_falls_back_to_this_process():
+    result = run_script(f"""
+        import json, logging, sys
+        logging.basicConfig(level=logging.WARNING)
+        from tasks.core import validation
+        from tasks.criteo.gx_suite import run_raw_suite
+        validation.start_gx_worker()
+        worker = validation._gx_worker
+        worker.process.kill()
+        worker.process.join()
+        lines = open({str(CRITEO_SAMPLE)!r}, "rb").read().split(b"\\n")[:20]
+        result = run_raw_suite(lines, mostly=0.99)
+        print(json.dumps({{"success": result["success"], "gx_here": "great_expectations" in sys.modules,
+                           "worker_left": validation._gx_worker is not None}}))
+    """)
+    assert result["success"] is True and result["gx_here"] is True and result["worker_left"] is False
+    assert "Great Expectations worker process is gone" in result["stderr"]
