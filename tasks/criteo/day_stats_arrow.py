@@ -25,6 +25,7 @@ import logging
 import shutil
 import time
 from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -255,6 +256,10 @@ class DayStatsWriter:
         self._pending: list[pa.Table] = []  # typed blocks of the next row group
         self._pending_rows = 0
         self._started = time.monotonic()
+        # Row groups are written by a thread of their own, one at a time, one more waiting at most: the caller goes
+        # on reading and checking blocks meanwhile (the parquet write is ~1/3 of a day's CPU and releases the GIL).
+        self._writer = ThreadPoolExecutor(1, thread_name_prefix="day-stats-write")
+        self._writing: Future | None = None
 
     def add(self, good: pa.Table, typed: TypedRows | None = None) -> None:
         """Append one block's good rows (binary columns, file order) to the day. typed: type_rows(good), when a
@@ -272,17 +277,32 @@ class DayStatsWriter:
         self.blocks += 1
 
     def _write_row_group(self) -> None:
-        """The pending blocks as one row group (the parquet writer keeps each block's arrays: no copy)."""
+        """The pending blocks as one row group (the parquet writer keeps each block's arrays: no copy), handed to
+        the writer thread once it has written the one before."""
         if not self._pending:
             return
-        if self._part is None or self.row_groups % self.row_groups_per_part == 0:
-            self._close_part()
-            self._part = pq.ParquetWriter(self.directory / COLUMNAR / f"part-{self.parts:05d}.parquet",
-                                          COLUMNAR_SCHEMA, compression="snappy", write_statistics=COLUMNAR_STATISTICS)
+        self._wait_for_writer()
+        new_part = self._part is None or self.row_groups % self.row_groups_per_part == 0
+        if new_part:
             self.parts += 1
-        self._part.write_table(pa.concat_tables(self._pending), row_group_size=self._pending_rows)
+        self._writing = self._writer.submit(self._write, pa.concat_tables(self._pending), self._pending_rows,
+                                            self.parts - 1 if new_part else None)
         self._pending, self._pending_rows = [], 0
         self.row_groups += 1
+
+    def _write(self, table: pa.Table, rows: int, new_part: int | None) -> None:
+        """In the writer thread: one row group, into a new part file when `new_part` numbers one."""
+        if new_part is not None:
+            self._close_part()
+            self._part = pq.ParquetWriter(self.directory / COLUMNAR / f"part-{new_part:05d}.parquet",
+                                          COLUMNAR_SCHEMA, compression="snappy", write_statistics=COLUMNAR_STATISTICS)
+        self._part.write_table(table, row_group_size=rows)
+
+    def _wait_for_writer(self) -> None:
+        """Until the row group being written is written (its error raised here)."""
+        writing, self._writing = self._writing, None
+        if writing is not None:
+            writing.result()
 
     def _close_part(self) -> None:
         if self._part is not None:
@@ -292,11 +312,16 @@ class DayStatsWriter:
     def close(self) -> None:
         """Close the open part file; pending blocks are dropped (only finish() writes the last row group)."""
         self._pending, self._pending_rows = [], 0
-        self._close_part()
+        try:
+            self._wait_for_writer()
+        finally:
+            self._writer.shutdown()
+            self._close_part()
 
     def finish(self, target: StatsTarget) -> Manifest:
         """Close the columnar copy, write counts/ and the manifest: the output is then complete (not yet published)."""
         self._write_row_group()
+        self._wait_for_writer()
         self._close_part()
         if self.parts == 0:  # a day without good rows still has a readable (empty) columnar copy
             pq.write_table(COLUMNAR_SCHEMA.empty_table(), self.directory / COLUMNAR / "part-00000.parquet")
