@@ -135,6 +135,34 @@ def test_micro_batches_make_the_update_of_the_whole_batch(optimizer: str):
     assert all(not np.allclose(before, after) for before, after in zip(start, runs[4][1]))  # every weight trained
 
 
+def test_micro_batches_follow_a_batch_size_the_trace_does_not_know():
+    """Batches of varying size make the step's trace relax its batch dimension (reduce_retracing): the slices are
+    then cut by the runtime size, with the same losses as the whole batch, and a size that does not split fails."""
+    import keras
+    import tensorflow as tf
+
+    from models.ncf.model import NeuMFConfig, build_model
+    from models.tfkit.training import make_train_step
+
+    rng = np.random.default_rng(6)
+    batches = [((tf.constant(rng.integers(0, 30, n)), tf.constant(rng.integers(0, 20, n))),
+                tf.constant(rng.integers(0, 2, n).astype(np.float32))) for n in (64, 128, 32, 96)]
+    losses = {}
+    for slices in (1, 4):
+        keras.utils.set_random_seed(5)
+        strategy = tf.distribute.OneDeviceStrategy("/cpu:0")
+        with strategy.scope():
+            model = build_model(NeuMFConfig(users=30, items=20, factors=4, mlp_sizes=(8, 8, 4), dropout=0.0))
+            opt = keras.optimizers.SGD(0.5)
+        step = make_train_step(model, opt, strategy, 64, micro_batches=slices)
+        losses[slices] = [float(step(inputs, labels, tf.constant([1, i], tf.int64)))
+                          for i, (inputs, labels) in enumerate(batches)]
+    assert np.allclose(losses[1], losses[4], rtol=1e-5, atol=1e-7)
+    odd = ((tf.constant(rng.integers(0, 30, 30)), tf.constant(rng.integers(0, 20, 30))), tf.zeros(30))
+    with pytest.raises(tf.errors.InvalidArgumentError, match="does not split into 4 micro-batches"):
+        step(*odd, tf.constant([1, 9], tf.int64))
+
+
 def test_auto_micro_batches_bound_a_cpu_step_and_leave_a_gpu_alone():
     from models.tfkit.training import micro_batches
 

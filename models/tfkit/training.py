@@ -44,9 +44,16 @@ def make_train_step(model: keras.Model, optimizer: keras.optimizers.Optimizer, s
         return loss
 
     def sliced_loss_and_gradients(inputs: Any, labels: tf.Tensor, seed: tf.Tensor):
-        size = labels.shape[0] // micro_batches
-        if size * micro_batches != labels.shape[0]:
-            raise ValueError(f"a worker's batch of {labels.shape[0]} does not split into {micro_batches} micro-batches")
+        rows = labels.shape[0]
+        if rows is not None:  # known when traced: refused before any step
+            size = rows // micro_batches
+            if size * micro_batches != rows:
+                raise ValueError(f"a worker's batch of {rows} does not split into {micro_batches} micro-batches")
+        else:  # a trace for any batch size (reduce_retracing relaxes the shape once sizes vary): checked per step
+            rows = tf.shape(labels)[0]
+            size = rows // micro_batches
+            tf.debugging.assert_equal(size * micro_batches, rows,
+                                      message=f"a worker's batch does not split into {micro_batches} micro-batches")
         loss, gradients = None, None
         for index in range(micro_batches):
             part = slice(index * size, (index + 1) * size)
