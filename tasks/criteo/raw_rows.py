@@ -11,6 +11,8 @@ default; checked_blocks holds a few), whatever the day's size.
 from __future__ import annotations
 
 import io
+import os
+import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -82,8 +84,12 @@ def iter_line_blocks(path: Path, block_bytes: int, max_line_bytes: int | None = 
             chunk = f.read(block_bytes)
             if not chunk:
                 break
-            data = carry + chunk
+            data = carry + chunk if carry else chunk  # (carry only ever holds the start of one long line)
+            carry = b""
             cut = data.rfind(b"\n")
+            if 0 <= cut < len(data) - 1:  # the block's last line is cut: it is read again with the next block
+                f.seek(cut + 1 - len(data), io.SEEK_CUR)
+                data = data[: cut + 1]
             if cut < 0:
                 if len(data) > max_line_bytes:
                     skipped, line_no = _skip_long_line(f, data, line_no, max_line_bytes)
@@ -92,29 +98,41 @@ def iter_line_blocks(path: Path, block_bytes: int, max_line_bytes: int | None = 
                     continue
                 carry = data
                 continue
-            block, carry = data[: cut + 1], data[cut + 1:]
-            yield line_no, block, []
-            line_no += block.count(b"\n")
+            yield line_no, data, []
+            line_no += data.count(b"\n")
     if carry:
         yield line_no, carry, []
 
 
-CHECK_THREADS = 2  # blocks checked at once per day: a day alone keeps two cores busy, memory stays a few blocks
+CHECK_THREADS = 2  # blocks of one day checked at once: a day alone keeps two cores busy, memory stays a few blocks
+_check_pool = None
+_check_pool_lock = threading.Lock()
+
+
+def _shared_check_pool():
+    """The process's threads that check blocks, one per core, shared by the days validated at once (the ingest
+    command's --jobs): two days share the cores, and the last day alone gets them all."""
+    global _check_pool
+    with _check_pool_lock:
+        if _check_pool is None:
+            from concurrent.futures import ThreadPoolExecutor
+
+            _check_pool = ThreadPoolExecutor(max(2, os.cpu_count() or 1), thread_name_prefix="check-block")
+        return _check_pool
 
 
 def checked_blocks(path: Path, block_bytes: int, keep_good: bool = False, max_line_bytes: int | None = None,
                    prepare: Callable[[Any], Any] | None = None, threads: int = CHECK_THREADS
                    ) -> Iterator[tuple[bytes, list[BadRow], BlockResult | None]]:
     """(block, over-long lines skipped before it, check_block's result or None for an empty block) for each block of
-    iter_line_blocks (max_line_bytes as there), in file order. The next `threads` blocks are checked in helper
-    threads while the caller handles this one (pyarrow's parse, numpy's checks and pandas' hash tables release the
-    GIL): a day's validation keeps the cores busy, e.g. the last day of a backfill that runs alone. Memory: up to
-    threads + 2 blocks (those being checked, one read, one handled).
-    prepare: a function of a block's good rows (keep_good) also run in the helper threads, its result in
+    iter_line_blocks (max_line_bytes as there), in file order. The next `threads` blocks are checked by the
+    process's check threads (_shared_check_pool) while the caller handles this one (pyarrow's parse, numpy's
+    checks and pandas' hash tables release the GIL): a day's validation keeps the cores busy, e.g. the last day of
+    a backfill that runs alone. Memory: up to threads + 2 blocks (those being checked, one read, one handled).
+    prepare: a function of a block's good rows (keep_good) also run in the check threads, its result in
     BlockResult.prepared: work of the caller's that is a pure function of the block (e.g. typing the columns)
     moves off the thread that handles the blocks."""
     from collections import deque
-    from concurrent.futures import ThreadPoolExecutor
 
     def check(first_line: int, block: bytes, skipped: list[BadRow]):
         result = check_block(block, first_line, keep_good) if block else None
@@ -122,14 +140,18 @@ def checked_blocks(path: Path, block_bytes: int, keep_good: bool = False, max_li
             result.prepared = prepare(result.good_rows)
         return block, skipped, result
 
-    with ThreadPoolExecutor(max(1, threads), thread_name_prefix="check-block") as pool:
-        pending: deque = deque()
+    pool = _shared_check_pool()
+    pending: deque = deque()
+    try:
         for first_line, block, skipped in iter_line_blocks(path, block_bytes, max_line_bytes):
             pending.append(pool.submit(check, first_line, block, skipped))
             if len(pending) > max(1, threads):
                 yield pending.popleft().result()
         while pending:
             yield pending.popleft().result()
+    finally:
+        for future in pending:  # the caller stopped early (an error): blocks not yet started are dropped
+            future.cancel()
 
 
 def _skip_long_line(f, head: bytes, line_no: int, max_line_bytes: int) -> tuple[BadRow, int]:
