@@ -156,7 +156,7 @@ def test_dataset_is_byte_identical_to_sparks(by_spark, by_arrow):
 def test_many_buckets_and_two_workers_give_the_same_bytes(window, by_arrow, tmp_path):
     # 5500 train rows in 64-row buckets: 128 buckets; the test day in 32 row_order ranges; row groups on 2 processes
     preprocess_arrow.transform_main(transform_argv(window, by_arrow["dictionary"], tmp_path / "ds"),
-                                    bucket_rows=64, workers=2)
+                                    bucket_rows=64, workers=2, rows_per_worker=1)  # a pool however few the rows
     assert dataset_bytes(tmp_path / "ds") == dataset_bytes(by_arrow["dataset"])
 
 
@@ -240,6 +240,20 @@ def test_log_numerical_rules():
     expected = [0.0, 0.0, 0.0, np.log(3.0), np.log(10.0), np.log(float(10**17 + 3))]
     assert preprocess_arrow.log_numerical(column).tolist() == np.array(expected, dtype=np.float32).tolist()
     assert preprocess_arrow.log_numerical(column.slice(4)).tolist() == np.array(expected[4:], np.float32).tolist()
+
+
+def test_log_numerical_table_is_the_computation_it_replaces():
+    """Values looked up (x + 3 below LOG_TABLE_SIZE) and computed (above, at the table's edge, negative) give the
+    float64 log's float32 value, and in float16 that value rounded once more (what split binary stores)."""
+    edge = preprocess_arrow.LOG_TABLE_SIZE - 3
+    values = [None, -10**17, -4, -3, -2, -1, 0, 1, 12, 999, edge - 1, edge, edge + 1, 3 * edge, 10**17]
+    column = pa.array(values, pa.int64())
+    reference = np.array([0.0 if v is None or v + 3 <= 0 else np.log(float(v + 3)) for v in values]).astype(np.float32)
+    assert preprocess_arrow.log_numerical(column).tobytes() == reference.tobytes()
+    halves = preprocess_arrow.log_numerical(column, np.float16)
+    assert halves.dtype == np.float16 and halves.tobytes() == reference.astype(np.float16).tobytes()
+    assert preprocess_arrow.log_numerical(column.slice(3, 5), np.float16).tobytes() == \
+        reference[3:8].astype(np.float16).tobytes()
 
 
 # ---- engine selection in the task functions and the command line ---------------------------------------------------

@@ -19,7 +19,8 @@ x + 3 <= 0; dense row_order per day; train ordered by (xxhash64(seed, source, ro
           keyed, and its rows appended as packed records to bucket files inside the output's temporary directory: a
           train row to the bucket of its key's top bits (in the key's signed order), a test-day row to the bucket of
           its row_order range, as test or validation (the test day is read once). One job per parquet row group, run
-          by a pool of `workers` spawned processes, each appending to its own files.
+          by a pool of `workers` spawned processes, each appending to its own files (threads of this process when
+          the window holds fewer than ROWS_PER_WORKER rows per process: starting processes would cost more).
   pass 2  one bucket at a time is loaded, sorted exactly like Spark's orderBy (a thread prepares the next one) and
           streamed into tasks.formats.split_binary.write_dataset.
 Memory is one batch per pass-1 process and two buckets (`bucket_rows` each) in pass 2, whatever the number of days.
@@ -34,6 +35,7 @@ import logging
 import math
 import os
 import shutil
+import threading
 import uuid
 import sys
 import time
@@ -65,6 +67,8 @@ ENGINE = "arrow"
 BATCH_ROWS = 1 << 18
 BUCKET_ROWS = 1 << 20        # rows of one pass-2 bucket (~170 bytes each in memory, twice while sorting)
 WORKERS = 2                  # pass-1 processes (days in parallel)
+ROWS_PER_WORKER = 1 << 22     # processes only when each gets at least this many rows (~5 s of work); below, threads:
+                              # spawning, importing and building the lookup per process cost more than they save
 PROGRESS_SECONDS = 10.0
 SPILL_DIR = "_arrow_spill"
 DICTIONARY_FILE = "part-00000.parquet"
@@ -219,7 +223,10 @@ class DictionaryLookup:
             values = part.column("value").combine_chunks()
             self.values.append(values)
             keys = eight_byte_keys(values)
-            self.indexes.append(pd.Index(keys[1]) if keys is not None and keys[0].all() else None)
+            index_of_keys = pd.Index(keys[1]) if keys is not None and keys[0].all() else None
+            if index_of_keys is not None:  # its hash table is built on first use: here, before threads share it
+                index_of_keys.get_indexer(keys[1][:1])
+            self.indexes.append(index_of_keys)
 
     def ids(self, index: int, column: pa.Array) -> np.ndarray:
         """int32 ids of one batch's column; 0 for null, rare and unseen values.
@@ -247,24 +254,45 @@ class DictionaryLookup:
         if len(column.dictionary) == 0 or len(column) == 0:
             return np.zeros(len(column), dtype=np.int32)
         per_value = self.ids(index, column.dictionary)
+        if indices.null_count:  # a null points past the dictionary, at an id of 0: one gather, no masks
+            per_value = np.append(per_value, np.int32(0))
+            indices = pc.fill_null(indices, pa.scalar(len(column.dictionary), indices.type))
         positions = np.frombuffer(indices.buffers()[1], dtype=indices.type.to_pandas_dtype())
-        positions = positions[indices.offset: indices.offset + len(indices)]
-        if indices.null_count == 0:
-            return per_value[positions]
-        valid = pc.is_valid(indices).to_numpy(zero_copy_only=False)
-        return np.where(valid, per_value[np.where(valid, positions, 0)], 0).astype(np.int32)
+        return per_value[positions[indices.offset: indices.offset + len(indices)]]
 
 
-def log_numerical(array: pa.Array) -> np.ndarray:
-    """Spark's coalesce(log(x + 3), 0).cast(float): float32, 0 for null and x + 3 <= 0."""
+LOG_TABLE_SIZE = 1 << 16  # x + 3 below this (nearly every Criteo integer) is looked up, not computed
+
+
+def _log_tables() -> dict[np.dtype, np.ndarray]:
+    """log_numerical's value of x + 3 = 0 .. LOG_TABLE_SIZE - 1 by the very computation it stands for (float64 log,
+    then float32, then the output dtype), and a last entry of 0 for a value out of the table."""
+    shifted = np.arange(LOG_TABLE_SIZE, dtype=np.float64)
+    table = np.zeros(LOG_TABLE_SIZE + 1, dtype=np.float64)
+    np.log(shifted, out=table[:-1], where=shifted > 0)
+    table32 = table.astype(np.float32)
+    return {np.dtype(np.float32): table32, np.dtype(np.float16): table32.astype(np.float16)}
+
+
+_LOG_TABLES = _log_tables()
+
+
+def log_numerical(array: pa.Array, dtype: np.dtype | type = np.float32) -> np.ndarray:
+    """Spark's coalesce(log(x + 3), 0).cast(float): float32, 0 for null and x + 3 <= 0; with dtype float16 that
+    float32 value rounded once more, as the split-binary file stores it. x + 3 in [0, LOG_TABLE_SIZE) comes from a
+    table of the same computation (~4x less CPU than the logs); the rest is computed."""
+    table = _LOG_TABLES[np.dtype(dtype)]
     values = np.frombuffer(array.buffers()[1], dtype=np.int64)[array.offset: array.offset + len(array)]
     shifted = values + 3
-    ok = shifted > 0
+    index = np.minimum(shifted.view(np.uint64), LOG_TABLE_SIZE)  # a negative wraps past the table: its last entry
+    out = table[index]
+    outside = np.flatnonzero(index == LOG_TABLE_SIZE)
+    if len(outside):
+        positive = outside[shifted[outside] > 0]
+        out[positive] = np.log(shifted[positive].astype(np.float64)).astype(np.float32).astype(table.dtype)
     if array.null_count:
-        ok &= pc.is_valid(array).to_numpy(zero_copy_only=False)
-    out = np.zeros(len(array), dtype=np.float64)
-    np.log(shifted.astype(np.float64), out=out, where=ok)
-    return out.astype(np.float32)
+        out[~pc.is_valid(array).to_numpy(zero_copy_only=False)] = 0
+    return out
 
 
 # ---- transform: pass 1, days -> bucket files -----------------------------------------------------------------------
@@ -376,15 +404,18 @@ def transform_batch(batch: pa.RecordBatch, lookup: DictionaryLookup | None, job:
         for name in CAT_COLUMNS:
             records[name] = ordered(batch.column(name).to_numpy(zero_copy_only=False))
         return records, ordered(buckets)
-    records["numerical"] = ordered(np.column_stack([log_numerical(batch.column(name)) for name in INT_COLUMNS]))
+    numerical = np.empty((batch.num_rows, NUM_INT_FEATURES), dtype=records.dtype["numerical"].base)
+    for column, name in enumerate(INT_COLUMNS):
+        numerical[:, column] = log_numerical(batch.column(name), numerical.dtype)
+    records["numerical"] = ordered(numerical)
     for index, name in enumerate(CAT_COLUMNS):
         records[name] = ordered(lookup.ids(index, batch.column(name)))
     return records, ordered(buckets)
 
 
 def bucket_path(spill: Path, mapping: str, bucket: int) -> Path:
-    """This process's file of a bucket: each pass-1 process appends to its own, so no two write one file."""
-    return spill / f"{mapping}-{bucket:05d}-{os.getpid()}.rows"
+    """This thread's file of a bucket: each pass-1 process or thread appends to its own, so no two write one file."""
+    return spill / f"{mapping}-{bucket:05d}-{os.getpid()}.{threading.get_native_id()}.rows"
 
 
 def bucket_files(spill: Path) -> dict[tuple[str, int], list[Path]]:
@@ -496,21 +527,30 @@ def plan_jobs(plans: Sequence[DayPlan], base: dict) -> list[BucketJob]:
     return jobs
 
 
-def run_pass_one(jobs: Sequence[BucketJob], workers: int) -> int:
-    """Every job, in a pool of `workers` processes (in this one when 1); progress by rows done."""
+def run_pass_one(jobs: Sequence[BucketJob], workers: int, rows_per_worker: int = ROWS_PER_WORKER) -> int:
+    """Every job, in a pool of `workers` processes, or of `workers` threads of this one when the jobs hold fewer
+    than `rows_per_worker` rows per process (or this process may not start children); progress by rows done."""
     total = sum(job.rows for job in jobs)
     progress = ProgressLog("transform + bucket", total=total, every_s=PROGRESS_SECONDS, logger=log)
     done = 0
-    if workers > 1 and multiprocessing.current_process().daemon:
-        log.info("pass 1 runs in this process: a daemonic process cannot start a pool")
-        workers = 1
-    if workers <= 1 or len(jobs) <= 1:
+    workers = max(1, min(workers, len(jobs)))
+    processes = workers > 1 and total >= workers * rows_per_worker
+    if processes and multiprocessing.current_process().daemon:
+        log.info("pass 1 runs in threads of this process: a daemonic process cannot start a pool")
+        processes = False
+    elif workers > 1 and not processes:
+        log.info("pass 1 runs in %d threads of this process: %d rows are too few to pay for starting processes",
+                 workers, total)
+    if workers == 1:
         for job in jobs:
             done += run_bucket_job(job)
             progress.report(done)
         return done
-    # spawn, not fork: this process already runs pyarrow's threads, which a fork does not carry over safely
-    with ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+    # Processes: spawn, not fork (this process already runs pyarrow's threads, which a fork does not carry over
+    # safely). Threads: no start-up and one dictionary lookup; pyarrow's decode, numpy and the writes release the GIL.
+    pool = (ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn")) if processes
+            else ThreadPoolExecutor(max_workers=workers, thread_name_prefix="pass-1"))
+    with pool:
         for rows in pool.map(run_bucket_job, jobs):
             done += rows
             progress.report(done)
@@ -518,6 +558,7 @@ def run_pass_one(jobs: Sequence[BucketJob], workers: int) -> int:
 
 
 def transform_main(argv: Sequence[str], *, bucket_rows: int = BUCKET_ROWS, workers: int = WORKERS,
+                   rows_per_worker: int = ROWS_PER_WORKER,
                    encoded_by: str | None = None) -> TransformResult:
     """spark_jobs/criteo/transform.py's main, in this process (its argv, its output). The join options only decide
     which join the manifest names per column, as the Spark job would choose it.
@@ -559,7 +600,7 @@ def transform_main(argv: Sequence[str], *, bucket_rows: int = BUCKET_ROWS, worke
         if jobs and lookup is not None:
             _LOOKUPS[jobs[0].token] = lookup  # pass 1 in this process reuses it; workers build their own
         try:
-            run_pass_one(jobs, workers)
+            run_pass_one(jobs, workers, rows_per_worker)
         finally:
             _LOOKUPS.clear()
         files = bucket_files(spill)

@@ -141,11 +141,14 @@ class SplitBinaryWriter:
         if array.ndim != 1:
             raise ValueError(f"{self.name / LABEL_FILE}: labels must be 1-d, got shape {array.shape}")
         if array.dtype != np.bool_:
-            # astype(bool) would silently turn a 2 (or 0.5) into True; a label is 0 or 1.
-            bad = _first_bad((array != 0) & (array != 1))
+            # astype(bool) would silently turn a 2 (or 0.5) into True; a label is 0 or 1. Integers within [0, 1]
+            # are known so by two reductions; anything else is checked value by value.
+            array = np.ascontiguousarray(array)
+            within = array.dtype.kind in "iu" and (not array.size or (array.min() >= 0 and array.max() <= 1))
+            bad = None if within else _first_bad((array != 0) & (array != 1))
             if bad is not None:
                 raise ValueError(f"{self._where(LABEL_FILE, bad)}: label {array[bad].item()!r} is not 0 or 1")
-        return np.ascontiguousarray(array.astype(np.bool_))
+        return np.ascontiguousarray(array.astype(np.bool_, copy=False))
 
     def _numerical_rows(self, numerical: Any, n: int) -> np.ndarray:
         array = np.zeros((n, 0)) if numerical is None and self.n_numerical == 0 else np.asarray(numerical)
@@ -153,8 +156,8 @@ class SplitBinaryWriter:
             raise ValueError(f"{self.name / NUMERICAL_FILE}: numerical batch has shape {array.shape}, "
                              f"expected ({n}, {self.n_numerical})")
         with np.errstate(over="ignore", invalid="ignore"):
-            halves = np.ascontiguousarray(array.astype(NUMERICAL_DTYPE))
-        bad = _first_bad(~np.isfinite(halves))
+            halves = np.ascontiguousarray(array.astype(NUMERICAL_DTYPE, copy=False))
+        bad = None if np.isfinite(halves).all() else _first_bad(~np.isfinite(halves))
         if bad is not None:
             row, col = divmod(bad, self.n_numerical)
             raise ValueError(f"{self._where(NUMERICAL_FILE, row)} column {col}: value {float(array[row, col]):g} "
@@ -178,11 +181,14 @@ class SplitBinaryWriter:
             limit = int(np.iinfo(dtype).max) + 1
             if self.cardinalities is not None:
                 limit = min(limit, int(self.cardinalities[index]))
-            bad = _first_bad((column < 0) | (column >= limit))
-            if bad is not None:
+            # Checked once contiguous (a column of packed records is strided, and reductions over it are slow),
+            # before any narrowing cast; two reductions, no masks unless a value is out of range.
+            column = np.ascontiguousarray(column)
+            if n and (int(column.min()) < 0 or int(column.max()) >= limit):
+                bad = _first_bad((column < 0) | (column >= limit))
                 raise ValueError(f"{self._where(name, bad)}: id {int(column[bad])} outside [0, {limit}) "
                                  f"({dtype.name}{', cardinality' if self.cardinalities else ''})")
-            out.append(np.ascontiguousarray(column.astype(dtype)))
+            out.append(column.astype(dtype, copy=False))
         return out
 
 
