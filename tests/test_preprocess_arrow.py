@@ -231,6 +231,10 @@ def test_lookup_of_values_that_are_not_hex(tmp_path):
     assert lookup.ids(0, hexes.dictionary_encode()).tolist() == [2, 0, 1, 0]
     assert lookup.ids(0, pa.array(["A", "0000000a", None, "A"]).dictionary_encode()).tolist() == [0, 1, 0, 0]
     assert lookup.ids(1, pa.array([None, None], pa.string()).dictionary_encode()).tolist() == [0, 0]
+    # int8 indices into 128 values: a null's index (past the dictionary) does not fit in int8
+    full = pa.DictionaryArray.from_arrays(pa.array([11, None, 10, 127], pa.int8()),
+                                          pa.array([f"{i:08x}" for i in range(128)]))
+    assert lookup.ids(0, full).tolist() == [2, 0, 1, 0]
     with pytest.raises(ValueError, match="cat_0: 2 values but cardinalities.json says 5"):
         preprocess_arrow.DictionaryLookup(tmp_path, [5] + cardinalities[1:])
 

@@ -256,6 +256,8 @@ class DictionaryLookup:
         per_value = self.ids(index, column.dictionary)
         if indices.null_count:  # a null points past the dictionary, at an id of 0: one gather, no masks
             per_value = np.append(per_value, np.int32(0))
+            if indices.type.bit_width < 32:  # room for one index more (parquet's are int32 already)
+                indices = indices.cast(pa.int32())
             indices = pc.fill_null(indices, pa.scalar(len(column.dictionary), indices.type))
         positions = np.frombuffer(indices.buffers()[1], dtype=indices.type.to_pandas_dtype())
         return per_value[positions[indices.offset: indices.offset + len(indices)]]
