@@ -42,6 +42,27 @@ def test_suites_run_in_the_worker_and_this_process_never_imports_gx():
     assert result["worker"] is True and result["gx_here"] is False
 
 
+def test_the_worker_does_not_run_the_parent_main_script(tmp_path):
+    """An Airflow task's main module is the `airflow` script: multiprocessing's spawn would run it (its imports, ~1.7
+    s of CPU) in the worker before anything else. The worker is a plain `python -m` child instead."""
+    script = tmp_path / "main_script.py"
+    script.write_text(textwrap.dedent(f"""
+        import json, os, sys
+        marker = {str(tmp_path / "ran")!r}
+        open(marker, "a").write(__name__ + "\\n")
+        if __name__ == "__main__":
+            from tasks.core import validation
+            from tasks.criteo.gx_suite import run_raw_suite
+            validation.start_gx_worker()
+            lines = open({str(CRITEO_SAMPLE)!r}, "rb").read().split(b"\\n")[:10]
+            print(json.dumps({{"success": run_raw_suite(lines, mostly=0.99)["success"]}}))
+    """))
+    done = subprocess.run([sys.executable, str(script)], cwd=REPO, capture_output=True, text=True, timeout=180)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == {"success": True}
+    assert (tmp_path / "ran").read_text().split() == ["__main__"]  # the script ran once, in its own process only
+
+
 def test_a_dead_worker_falls_back_to_this_process():
     result = run_script(f"""
         import json, logging, sys
@@ -51,7 +72,7 @@ def test_a_dead_worker_falls_back_to_this_process():
         validation.start_gx_worker()
         worker = validation._gx_worker
         worker.process.kill()
-        worker.process.join()
+        worker.process.wait()
         lines = open({str(CRITEO_SAMPLE)!r}, "rb").read().split(b"\\n")[:20]
         result = run_raw_suite(lines, mostly=0.99)
         print(json.dumps({{"success": result["success"], "gx_here": "great_expectations" in sys.modules,

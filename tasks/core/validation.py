@@ -14,6 +14,8 @@ import contextlib
 import importlib
 import json
 import logging
+import os
+import pickle
 import sys
 import threading
 from collections import Counter
@@ -393,81 +395,66 @@ _gx_import_started = False
 
 
 class _GxWorker:
-    """A child process (spawned, daemonic) that imports Great Expectations as soon as it starts and then runs
-    run_gx_suites' requests one at a time over a pipe: the import (~3.5 s of CPU, nearly all Python) runs beside
-    this process's row checks on another core instead of holding this process's GIL. (Imported in a thread of this
-    process, it slowed a 1M-row Criteo day's checks from ~3.9 to ~8.3 s of wall: issue #27.)"""
+    """A child process (`python -m tasks.core.gx_worker`) that imports Great Expectations as soon as it starts and then
+    runs run_gx_suites' requests one at a time over its stdin / stdout: the import (~3.5 s of CPU, nearly all Python)
+    runs beside this process's row checks on another core instead of holding this process's GIL. (Imported in a
+    thread of this process, it slowed a 1M-row Criteo day's checks from ~3.9 to ~8.3 s of wall: issue #27.)"""
 
     def __init__(self) -> None:
-        import multiprocessing
+        import subprocess
 
-        context = multiprocessing.get_context("spawn")
-        self.connection, child = context.Pipe()
-        self.process = context.Process(target=_gx_worker_main, args=(child,), name="recflow-gx", daemon=True)
-        self.process.start()
-        child.close()
+        import tasks
+
+        code_root = str(Path(tasks.__file__).resolve().parents[1])  # the worker imports this checkout's tasks
+        path = os.pathsep.join(p for p in (code_root, os.environ.get("PYTHONPATH", "")) if p)
+        self.process = subprocess.Popen([sys.executable, "-m", "tasks.core.gx_worker"], stdin=subprocess.PIPE,
+                                        stdout=subprocess.PIPE, env={**os.environ, "PYTHONPATH": path})
         self.lock = threading.Lock()
         atexit.register(self.stop)
 
     def stop(self) -> None:
         """End the child at this process's exit without waiting for it: an interpreter that imported GX takes ~1 s
-        to shut down, and the child holds nothing to flush (it writes no files; its process-shared lock is replaced
-        by a thread lock, _gx_worker_main), so it is terminated once its pipe is closed."""
+        to shut down, and the child holds nothing to flush (it writes no files; its tqdm lock is a thread lock), so
+        it is terminated once its stdin is closed."""
+        import subprocess
+
         with contextlib.suppress(OSError):
-            self.connection.close()
-        self.process.join(timeout=0.05)
-        if self.process.is_alive():
+            self.process.stdin.close()
+        try:
+            self.process.wait(timeout=0.05)
+        except subprocess.TimeoutExpired:
             self.process.terminate()
-            self.process.join(timeout=5)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.process.wait(timeout=5)
+        with contextlib.suppress(OSError):
+            self.process.stdout.close()
 
     def run(self, frames: dict[str, tuple[Callable[[], Any], Any]], source_name: str) -> dict[str, dict[str, Any]]:
-        """The suites' results, run in the child; raises OSError/EOFError when the child is gone."""
+        """The suites' results, run in the child; raises OSError / EOFError / UnpicklingError when it is gone."""
+        import pickle
+
         with self.lock:
-            self.connection.send((frames, source_name))
-            ok, payload = self.connection.recv()
+            pickle.dump((frames, source_name), self.process.stdin, protocol=pickle.HIGHEST_PROTOCOL)
+            self.process.stdin.flush()
+            ok, payload = pickle.load(self.process.stdout)
         if not ok:
             raise RuntimeError(f"Great Expectations failed in its worker process: {payload}")
         return payload
 
 
-def _gx_worker_main(connection: Any) -> None:
-    """The worker's loop: import GX, then answer (frames, source name) requests until the pipe closes."""
-    import traceback
-
-    import tqdm
-
-    # GX's progress bars would create tqdm's default lock, a named multiprocessing semaphore, which a terminated
-    # child leaves to the resource tracker (a warning at exit); progress bars are off here, a thread lock will do.
-    tqdm.tqdm.set_lock(threading.RLock())
-    logging.getLogger("great_expectations").setLevel(logging.WARNING)
-    importlib.import_module("great_expectations")
-    while True:
-        try:
-            frames, source_name = connection.recv()
-        except EOFError:
-            return
-        try:
-            connection.send((True, _run_gx_suites(frames, source_name)))
-        except Exception:  # noqa: BLE001 - reported to the caller, who raises it with the child's traceback
-            connection.send((False, traceback.format_exc(limit=5)))
-
-
 def start_gx_worker() -> None:
     """Have Great Expectations imported off this process's GIL, once per process: in a worker process
     (_GxWorker) that run_gx_suites then uses, started when a validation starts so the import overlaps its row
-    checks. A daemonic process (which may not start children) imports it in a daemon thread instead."""
+    checks. Where no child process can be started, it is imported in a daemon thread instead."""
     global _gx_worker, _gx_import_started
     with _gx_worker_lock:
         if _gx_worker is not None or _gx_import_started or "great_expectations" in sys.modules:
             return
-        import multiprocessing
-
-        if not multiprocessing.current_process().daemon:
-            try:
-                _gx_worker = _GxWorker()
-                return
-            except OSError as error:
-                log.warning("could not start the Great Expectations worker process (%s): importing it here", error)
+        try:
+            _gx_worker = _GxWorker()
+            return
+        except OSError as error:
+            log.warning("could not start the Great Expectations worker process (%s): importing it here", error)
         _gx_import_started = True
         logging.getLogger("great_expectations").setLevel(logging.WARNING)  # its import logs hundreds of INFO lines
         threading.Thread(target=importlib.import_module, args=("great_expectations",), name="gx-import",
@@ -498,10 +485,15 @@ def run_gx_suites(frames: dict[str, tuple[Callable[[], Any], Any]], source_name:
     if worker is not None:
         try:
             return worker.run(frames, source_name)
-        except (OSError, EOFError) as error:  # the worker died: run here from now on
+        except (OSError, EOFError, pickle.UnpicklingError) as error:  # the worker died: run here from now on
             log.warning("the Great Expectations worker process is gone (%s): running the suites here", error)
             with _gx_worker_lock:
                 _gx_worker = None
+    return run_gx_suites_here(frames, source_name)
+
+
+def run_gx_suites_here(frames: dict[str, tuple[Callable[[], Any], Any]], source_name: str) -> dict[str, dict[str, Any]]:
+    """run_gx_suites in this process (the GX worker's side, or the fallback)."""
     with _gx_run_lock:  # one run at a time per process: get_context sets GX's process-wide current context
         return _run_gx_suites(frames, source_name)
 
