@@ -398,14 +398,12 @@ class _GxWorker:
     """A child process (`python -m tasks.core.gx_worker`) that imports Great Expectations as soon as it starts and then
     runs run_gx_suites' requests one at a time over its stdin / stdout: the import (~3.5 s of CPU, nearly all Python)
     runs beside this process's row checks on another core instead of holding this process's GIL. (Imported in a
-    thread of this process, it slowed a 1M-row Criteo day's checks from ~3.9 to ~8.3 s of wall: issue #27.)"""
+    thread of this process, it slowed a 1M-row day's checks from ~3.9 to ~8.3 s of wall: issue #27.)"""
 
     def __init__(self) -> None:
         import subprocess
 
-        import tasks
-
-        code_root = str(Path(tasks.__file__).resolve().parents[1])  # the worker imports this checkout's tasks
+        code_root = str(Path(__file__).resolve().parents[2])  # the worker imports this checkout's tasks package
         path = os.pathsep.join(p for p in (code_root, os.environ.get("PYTHONPATH", "")) if p)
         self.process = subprocess.Popen([sys.executable, "-m", "tasks.core.gx_worker"], stdin=subprocess.PIPE,
                                         stdout=subprocess.PIPE, env={**os.environ, "PYTHONPATH": path})
