@@ -32,7 +32,8 @@ def main() -> None:
     requests = sys.stdin.buffer
     while True:
         try:
-            frames, source_name = pickle.load(requests)
+            # stdin is the pipe from the parent that started this worker; nothing else can write to it.
+            frames, source_name = pickle.load(requests)  # nosec B301
         except EOFError:
             return
         try:

@@ -429,12 +429,11 @@ class _GxWorker:
 
     def run(self, frames: dict[str, tuple[Callable[[], Any], Any]], source_name: str) -> dict[str, dict[str, Any]]:
         """The suites' results, run in the child; raises OSError / EOFError / UnpicklingError when it is gone."""
-        import pickle
-
         with self.lock:
             pickle.dump((frames, source_name), self.process.stdin, protocol=pickle.HIGHEST_PROTOCOL)
             self.process.stdin.flush()
-            ok, payload = pickle.load(self.process.stdout)
+            # The pipe is to the child this process started (like multiprocessing's); nothing else can write to it.
+            ok, payload = pickle.load(self.process.stdout)  # nosec B301
         if not ok:
             raise RuntimeError(f"Great Expectations failed in its worker process: {payload}")
         return payload
@@ -460,8 +459,6 @@ def start_gx_worker() -> None:
 
 
 def _picklable(value: Any) -> bool:
-    import pickle
-
     try:
         pickle.dumps(value)
     except (pickle.PicklingError, AttributeError, TypeError):
