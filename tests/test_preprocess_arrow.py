@@ -200,6 +200,45 @@ def test_a_failure_mid_transform_leaves_no_output(window, by_arrow, tmp_path, mo
     assert list(tmp_path.iterdir()) == []  # neither the output nor its temporary (with the bucket files)
 
 
+def test_bucket_stream_reuses_its_buffers_and_yields_every_bucket_sorted(tmp_path):
+    import time
+
+    dtype = preprocess_arrow.record_dtype([np.dtype(np.int32)] * len(CAT_COLUMNS))
+    rng = np.random.default_rng(3)
+    sizes = [700, 0, 1500, 10, 900]  # an empty bucket, and a bigger one after smaller ones (a buffer grows)
+    files = {}
+    for bucket, size in enumerate(sizes):
+        records = np.zeros(size, dtype)
+        records["key"] = np.sort(rng.integers(-(1 << 62), 1 << 62, size))
+        records["row_order"] = np.arange(size)
+        records[CAT_COLUMNS[0]] = bucket
+        records[CAT_COLUMNS[1]] = np.arange(size)  # the position in output order
+        on_disk = records[rng.permutation(size)] if bucket % 2 == 0 else records  # gathered, or already in order
+        paths = []
+        for piece, chunk in enumerate(np.array_split(on_disk, 2)):
+            paths.append(tmp_path / f"train-{bucket:05d}-1.{piece}.rows")
+            chunk.tofile(paths[-1])
+        if size:
+            files[("train", bucket)] = paths
+    stream = preprocess_arrow.BucketStream("train", files, len(sizes), dtype, sum(sizes))
+    batches = []
+    for _, _, categorical in stream:
+        time.sleep(0.05)  # the next bucket is loaded meanwhile: into a buffer other than this batch's
+        batches.append((categorical[0].copy(), categorical[1].copy()))
+    expected = [bucket for bucket, size in enumerate(sizes) if size]
+    assert [int(bucket[0]) for bucket, _ in batches] == expected
+    for (bucket, position), size in zip(batches, [size for size in sizes if size]):
+        assert (bucket == bucket[0]).all() and position.tolist() == list(range(size))
+    assert stream.rows == sum(sizes)
+    assert not any(p.exists() for paths in files.values() for p in paths)
+
+    torn = tmp_path / "torn"
+    torn.mkdir()
+    (torn / "train-00000-1.1.rows").write_bytes(b"x" * (dtype.itemsize + 3))
+    with pytest.raises(ValueError, match="does not hold whole records"):
+        list(preprocess_arrow.BucketStream("train", preprocess_arrow.bucket_files(torn), 1, dtype, 1))
+
+
 def test_row_order_with_gaps_is_refused(window, by_arrow, tmp_path):
     table = pq.read_table(stats(window, 2, "columnar"))
     gaps = table.set_column(table.schema.get_field_index("row_order"), "row_order",

@@ -23,7 +23,8 @@ x + 3 <= 0; dense row_order per day; train ordered by (xxhash64(seed, source, ro
           the window holds fewer than ROWS_PER_WORKER rows per process: starting processes would cost more).
   pass 2  one bucket at a time is loaded, sorted exactly like Spark's orderBy (a thread prepares the next one) and
           streamed into tasks.formats.split_binary.write_dataset.
-Memory is one batch per pass-1 process and two buckets (`bucket_rows` each) in pass 2, whatever the number of days.
+Memory is one batch per pass-1 process and three bucket buffers (`bucket_rows` each) in pass 2, whatever the number
+of days.
 A caller that runs this in a spawned pool must guard its main module (`if __name__ == "__main__":`), as
 multiprocessing's spawn requires; `python -m tasks`, Airflow and pytest do.
 """
@@ -475,25 +476,62 @@ class BucketStream:
     """Pass 2 for one mapping: its buckets in key order, each loaded, sorted and yielded as split-binary batches.
 
     A thread loads and sorts the next bucket while the current one is written (numpy's sort, gather and file reads
-    release the GIL): the second core's share of pass 2. Memory: two buckets.
+    release the GIL): the second core's share of pass 2. The batches yielded are views of a bucket's buffer, valid
+    until the next one is asked for (write_dataset writes each before it asks).
+
+    Memory: three bucket buffers, reused from bucket to bucket (one the consumer reads, one the next bucket is read
+    into, one it is sorted into). Fresh arrays per bucket cost more than the work on them: every page of a new
+    ~100 MB array is faulted in and zeroed by the kernel; reading into and gathering into reused buffers made a 1M-row
+    bucket's load + sort 2.4x cheaper in CPU (issue #27, docs/PERFORMANCE-endtoend.md round 6).
     """
+
+    BUFFERS = 3
 
     def __init__(self, mapping: str, files: dict[tuple[str, int], list[Path]], buckets: int, dtype: np.dtype,
                  total: int) -> None:
         self.mapping, self.files, self.buckets, self.dtype = mapping, files, buckets, dtype
         self.total, self.rows = total, 0
+        self._buffers: list[np.ndarray] = [np.empty(0, dtype) for _ in range(self.BUFFERS)]
+        self._held: int | None = None  # the buffer whose rows the consumer is reading now
 
-    def load(self, bucket: int) -> np.ndarray | None:
-        """The bucket's records in output order (its files deleted), or None when it is empty."""
+    def _buffer(self, rows: int, busy: set[int]) -> int:
+        """A buffer the consumer does not hold and not in `busy`, of at least `rows` records (grown with 1/8 slack:
+        buckets differ a little in size)."""
+        index = next(i for i in range(self.BUFFERS) if i != self._held and i not in busy)
+        if len(self._buffers[index]) < rows:
+            self._buffers[index] = np.empty(rows + rows // 8, self.dtype)
+        return index
+
+    def load(self, bucket: int) -> tuple[int, int] | None:
+        """(buffer, rows) holding the bucket's records in output order (its files deleted), or None when it is
+        empty."""
         files = self.files.get((self.mapping, bucket), [])
         if not files:
             return None
-        parts = [np.fromfile(p, dtype=self.dtype) for p in files]
-        records = parts[0] if len(parts) == 1 else np.concatenate(parts)
+        sizes = [p.stat().st_size for p in files]
+        if any(size % self.dtype.itemsize for size in sizes):
+            raise ValueError(f"{self.mapping} bucket {bucket}: a file of it does not hold whole records")
+        rows = sum(sizes) // self.dtype.itemsize
+        read = self._buffer(rows, set())
+        records = self._buffers[read][:rows]
+        target, done = memoryview(records.view(np.uint8)), 0
+        for path, size in zip(files, sizes):
+            with open(path, "rb", buffering=0) as f:
+                end = done + size
+                while done < end:
+                    got = f.readinto(target[done:end])
+                    if not got:
+                        raise ValueError(f"{path}: ended after {done} of {sum(sizes)} bytes")
+                    done += got
         for p in files:
             p.unlink()
         order = sort_order(records)
-        return records if order is None else records[order]
+        if order is None:
+            return read, rows
+        sorted_into = self._buffer(rows, {read})
+        # mode="clip": an argsort's indices are all in range, and "raise" would gather through a temporary buffer.
+        np.take(records, order, out=self._buffers[sorted_into][:rows], mode="clip")
+        return sorted_into, rows
 
     def __iter__(self) -> Iterator[tuple]:
         progress = ProgressLog(f"{self.mapping}: sorting buckets, writing split binary", total=self.total,
@@ -501,15 +539,19 @@ class BucketStream:
         with ThreadPoolExecutor(max_workers=1) as loader:
             pending = loader.submit(self.load, 0) if self.buckets else None
             for bucket in range(self.buckets):
-                records = pending.result()
+                loaded = pending.result()
+                if loaded is not None:
+                    self._held = loaded[0]  # before the next load picks its buffers
                 pending = loader.submit(self.load, bucket + 1) if bucket + 1 < self.buckets else None
-                if records is None:
+                if loaded is None:
                     continue
+                records = self._buffers[loaded[0]][:loaded[1]]
                 for start in range(0, len(records), BATCH_ROWS):
                     part = records[start:start + BATCH_ROWS]
                     yield part[LABEL], part["numerical"], [part[name] for name in CAT_COLUMNS]
                     self.rows += len(part)
                     progress.report(self.rows)
+        self._buffers, self._held = [], None
         progress.report(self.rows, force=True)
 
 
