@@ -132,12 +132,32 @@ def test_parse_first_gives_the_line_by_line_verdicts(good_lines: list[bytes], ki
     assert fast.good_rows.equals(slow.good_rows)
 
 
-def test_checked_blocks_match_check_block_block_by_block(tmp_path: Path, good_lines: list[bytes]) -> None:
-    """The helper thread changes nothing: the same blocks, over-long lines and results, in file order."""
+@pytest.mark.parametrize("where", ["first", "last", "two in a row"])
+def test_empty_lines_anywhere_give_the_line_by_line_verdicts(good_lines: list[bytes], where: str) -> None:
+    """An empty line parses as a row of empty values: the shortcut sees its empty label and goes the long way,
+    wherever the line is (and with the newlines counted by the caller, as checked_blocks hands them on)."""
+    lines = good_lines[:6]
+    at = {"first": [0], "last": [6], "two in a row": [3, 3]}[where]
+    for index in at:
+        lines.insert(index, b"")
+    block = b"\n".join(lines) + b"\n"
+    slow = _check_block_lines(block, 11, keep_good=True)
+    for fast in (check_block(block, 11, keep_good=True), check_block(block, 11, True, block.count(b"\n"))):
+        assert (fast.lines, fast.bad_rows) == (slow.lines, slow.bad_rows)
+        assert fast.good_rows.equals(slow.good_rows)
+    assert [bad.line for bad in slow.bad_rows] == [11 + i for i, line in enumerate(lines) if not line]
+    assert all("has 0 fields" in bad.reason for bad in slow.bad_rows)
+
+
+@pytest.mark.parametrize("trailing_newline", [True, False])
+def test_checked_blocks_match_check_block_block_by_block(tmp_path: Path, good_lines: list[bytes],
+                                                         trailing_newline: bool) -> None:
+    """The helper thread changes nothing: the same blocks, over-long lines and results, in file order (the
+    newlines counted once by the reader give check_block's own line counts, a last line without one too)."""
     lines = list(good_lines[:60])
     lines[7] = with_field(lines[7], _field("cat_2"), b"XYZ")
     lines[30] = b"x" * 5000
-    path = write_lines(tmp_path / "day", lines)
+    path = write_lines(tmp_path / "day", lines, trailing_newline=trailing_newline)
     expected = [(block, skipped, check_block(block, first, keep_good=True) if block else None)
                 for first, block, skipped in iter_line_blocks(path, 2000, max_line_bytes=3000)]
     got = list(checked_blocks(path, 2000, keep_good=True, max_line_bytes=3000))
