@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from tasks.core.validation import quoted_value
+from tasks.core.validation import quoted_value, read_csv_block
 from tasks.criteo.schema import CAT_PATTERN, INT_PATTERN, LABEL_PATTERN, NUM_FIELDS, RAW_COLUMNS
 
 _TAB, _NEWLINE, _CARRIAGE_RETURN = 9, 10, 13
@@ -182,18 +182,15 @@ def _skip_long_line(f, head: bytes, line_no: int, max_line_bytes: int) -> tuple[
 
 
 def _parse(block: bytes):
-    """The block's lines as 40 binary columns (pyarrow's CSV reader, one thread). Raises pyarrow.ArrowInvalid when a
-    line does not have 40 fields."""
+    """The block's lines as 40 binary columns (pyarrow's CSV reader, one thread; tasks.core.validation's
+    read_csv_block). Raises pyarrow.ArrowInvalid when a line does not have 40 fields."""
     import pyarrow as pa
     import pyarrow.csv as pacsv
 
-    return pacsv.read_csv(
-        io.BytesIO(block),
-        read_options=pacsv.ReadOptions(column_names=list(RAW_COLUMNS), block_size=max(len(block), 1 << 20),
-                                       use_threads=False),
-        parse_options=pacsv.ParseOptions(delimiter="\t", quote_char=False, escape_char=False,
-                                         ignore_empty_lines=False),
-        convert_options=pacsv.ConvertOptions(column_types={c: pa.binary() for c in RAW_COLUMNS}),
+    return read_csv_block(
+        block, list(RAW_COLUMNS),
+        pacsv.ParseOptions(delimiter="\t", quote_char=False, escape_char=False, ignore_empty_lines=False),
+        pacsv.ConvertOptions(column_types={c: pa.binary() for c in RAW_COLUMNS}),
     )
 
 

@@ -9,7 +9,6 @@ and a reason.
 
 from __future__ import annotations
 
-import io
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,7 +17,7 @@ import numpy as np
 
 from tasks.core.validation import iter_line_blocks as read_line_blocks
 from tasks.core.validation import (BadField, display_text, keep_lines, line_bounds, mark_failures,
-                                   whole_line_problems)
+                                   read_csv_block, whole_line_problems)
 from tasks.movielens.schema import (
     ID_PATTERN, ITEM_ID, MIN_TIMESTAMP, RATING, TIMESTAMP, TIMESTAMP_PATTERN, USER_ID, RatingsFormat,
     validated_arrow_schema,
@@ -112,13 +111,11 @@ def _check_values(work: bytes, lines: np.ndarray, fmt: RatingsFormat, max_timest
     import pyarrow.compute as pc
     import pyarrow.csv as pacsv
 
-    table = pacsv.read_csv(
-        io.BytesIO(work),
-        read_options=pacsv.ReadOptions(column_names=list(fmt.raw_columns), block_size=max(len(work), 1 << 20),
-                                       use_threads=False),
-        parse_options=pacsv.ParseOptions(delimiter=delimiter.decode(), quote_char=False, escape_char=False,
-                                         ignore_empty_lines=False),
-        convert_options=pacsv.ConvertOptions(column_types={c: pa.binary() for c in fmt.raw_columns}),
+    table = read_csv_block(
+        work, list(fmt.raw_columns),
+        pacsv.ParseOptions(delimiter=delimiter.decode(), quote_char=False, escape_char=False,
+                           ignore_empty_lines=False),
+        pacsv.ConvertOptions(column_types={c: pa.binary() for c in fmt.raw_columns}),
     )
     failed_column = np.zeros(table.num_rows, dtype=np.int64)  # 1-based column of the first failure; 0 = good
     failed_rule = np.zeros(table.num_rows, dtype=np.int64)    # 1-based index into `rules`

@@ -9,13 +9,12 @@ numbers; bad rows with their line, the first offending column and a reason.
 
 from __future__ import annotations
 
-import io
 from dataclasses import dataclass
 
 import numpy as np
 
 from tasks.core.validation import (BadField, display_text, keep_lines, line_bounds, mark_failures, quoted_value,
-                                   whole_line_problems)
+                                   read_csv_block, whole_line_problems)
 from tasks.outbrain.schema import PUBLISH_TIME_FORMAT, Column, Table, arrow_schema
 
 MAX_LINE_BYTES = 4 << 10  # the longest Outbrain row is ~100 bytes; a longer "line" is not a row
@@ -115,12 +114,11 @@ def _check_values(work: bytes, lines: np.ndarray, table: Table):
     import pyarrow.csv as pacsv
 
     names = list(table.column_names)
-    parsed = pacsv.read_csv(
-        io.BytesIO(work),
-        read_options=pacsv.ReadOptions(column_names=names, block_size=max(len(work), 1 << 20), use_threads=False),
-        parse_options=pacsv.ParseOptions(delimiter=",", quote_char=False, escape_char=False, ignore_empty_lines=False),
-        convert_options=pacsv.ConvertOptions(column_types={c: pa.binary() for c in names}, strings_can_be_null=False,
-                                             quoted_strings_can_be_null=False),
+    parsed = read_csv_block(
+        work, names,
+        pacsv.ParseOptions(delimiter=",", quote_char=False, escape_char=False, ignore_empty_lines=False),
+        pacsv.ConvertOptions(column_types={c: pa.binary() for c in names}, strings_can_be_null=False,
+                             quoted_strings_can_be_null=False),
     )
     failed_column = np.zeros(parsed.num_rows, dtype=np.int64)  # 1-based column of the first failure; 0 = good
     failed_rule = np.zeros(parsed.num_rows, dtype=np.int64)    # 1-based index into `rules`
