@@ -3,7 +3,7 @@ each column's bytes: the same verdicts as the rules' regexes (LABEL_PATTERN, INT
 matched against the whole field, empty allowed except for the label) at a fraction of their cost.
 
 pyarrow's RE2 match costs ~100 ns per value, ~4 s per 1M rows of 40 fields on this machine (issue #27). Here a
-field's bytes are looked up in a table of the characters its rule allows; a column whose bytes all pass needs only
+field's bytes are checked against the runs of characters its rule allows; a column whose bytes all pass needs only
 its value lengths checked (the common case: a real day has no bad rows), and only a column holding a foreign byte
 counts them per value. tests/test_raw_validation.py checks the verdicts against the regexes on hostile values.
 """
@@ -32,9 +32,40 @@ RULES = {
 }
 
 
+def _byte_ranges(allowed: np.ndarray) -> list[tuple[int, int]]:
+    """The allowed bytes as runs (first, last): '0'-'9' and 'a'-'f' for a hex digit."""
+    edges = np.flatnonzero(np.diff(np.concatenate(([0], allowed.astype(np.int8), [0]))))
+    return [(int(first), int(end) - 1) for first, end in zip(edges[::2], edges[1::2])]
+
+
+def foreign_bytes(data: np.ndarray, allowed: np.ndarray) -> np.ndarray | None:
+    """Mask of the bytes of `data` that `allowed` refuses, or None when there is none.
+
+    By the runs of allowed bytes, with uint8 arithmetic (a byte is in [first, last] when byte - first, wrapping,
+    is at most last - first): ~2-5x less CPU than looking every byte up in the table. When the bytes' min and max
+    fall inside one run (a column of digits), nothing is computed per byte."""
+    if len(data) == 0:
+        return None
+    ranges = _byte_ranges(allowed)
+    low, high = int(data.min()), int(data.max())
+    if any(first <= low and high <= last for first, last in ranges):
+        return None
+    foreign = None
+    for first, last in ranges:
+        outside = np.subtract(data, np.uint8(first), dtype=np.uint8) > np.uint8(last - first)
+        foreign = outside if foreign is None else np.logical_and(foreign, outside, out=foreign)
+    if foreign is None:
+        return np.ones(len(data), dtype=bool)
+    return foreign if foreign.any() else None
+
+
 def binary_parts(column: pa.ChunkedArray | pa.Array) -> tuple[np.ndarray, np.ndarray]:
-    """(offsets rebased to 0, value bytes) of a binary column, without copying the bytes."""
-    array = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+    """(offsets rebased to 0, value bytes) of a binary column, without copying the bytes (a column of more than
+    one chunk is combined first)."""
+    if isinstance(column, pa.ChunkedArray):
+        array = column.chunk(0) if column.num_chunks == 1 else column.combine_chunks()
+    else:
+        array = column
     _, offsets_buffer, data_buffer = array.buffers()
     offsets = np.frombuffer(offsets_buffer, dtype=np.int32)[array.offset: array.offset + len(array) + 1]
     data = np.frombuffer(data_buffer, dtype=np.uint8) if data_buffer is not None else np.empty(0, np.uint8)
@@ -46,8 +77,8 @@ def failing_values(column: pa.ChunkedArray | pa.Array, pattern: str) -> np.ndarr
     allowed, shortest, longest, empty_ok, leading_minus = RULES[pattern]
     offsets, data = binary_parts(column)
     lengths = np.diff(offsets)
-    foreign = ~np.take(allowed, data)
-    if not foreign.any():
+    foreign = foreign_bytes(data, allowed)
+    if foreign is None:
         ok = (lengths >= shortest) & (lengths <= longest)
     else:
         per_value = np.concatenate(([0], np.cumsum(foreign, dtype=np.int64)))
