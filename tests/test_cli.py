@@ -294,7 +294,7 @@ def test_parallel_ingest_writes_what_a_serial_one_does_and_fails_with_one_line(t
     result = run_cli("--data-root", str(parallel), "criteo", "ingest", "--days", "0-2", "--jobs", "2",
                      "--json", str(out))
     assert result.returncode == 0, result.stderr[-3000:]
-    assert "ingesting 3 days in 2 threads" in result.stderr and "day_2" in result.stderr  # workers' lines too
+    assert "ingesting 3 days, 2 at a time" in result.stderr and "day_2" in result.stderr  # workers' lines too
     doc = report(out)
     assert [r["step"] for r in doc["steps"]] == ["download_day", "validate_day", "day_stats"] * 3  # by day
     assert [r["day"] for r in step_results(doc, "validate_day")] == [0, 1, 2]

@@ -80,3 +80,49 @@ def test_a_dead_worker_falls_back_to_this_process():
     """)
     assert result["success"] is True and result["gx_here"] is True and result["worker_left"] is False
     assert "Great Expectations worker process is gone" in result["stderr"]
+
+
+def test_a_thread_gives_its_slot_back_once_when_it_starts_waiting_for_gx(monkeypatch):
+    """releasing_while_gx_runs: the slot of a validation goes back when its GX wait begins (the next one starts on
+    the cores meanwhile), once, and only inside the block."""
+    from tasks.core import validation
+
+    calls = []
+    monkeypatch.setattr(validation, "_gx_worker", None)
+    monkeypatch.setattr(validation, "run_gx_suites_here", lambda frames, name: calls.append(name) or {})
+    with validation.releasing_while_gx_runs(lambda: calls.append("released")):
+        validation.run_gx_suites({}, "a")
+        validation.run_gx_suites({}, "b")
+    validation.run_gx_suites({}, "c")
+    assert calls == ["released", "a", "b", "c"]
+
+
+def test_an_ingest_day_holds_a_slot_until_its_gx_wait_and_none_starts_after_a_failure(monkeypatch):
+    import threading
+    from concurrent.futures import CancelledError
+
+    import pytest
+
+    from tasks.core import validation
+    from tasks.criteo import cli as criteo_cli
+
+    slots, stop, seen = threading.Semaphore(1), threading.Event(), []
+
+    def day_steps(args, settings, day, with_day_stats):
+        seen.append(slots.acquire(blocking=False))  # False: this day holds the only slot
+        validation.run_gx_suites({}, f"day {day}")
+        seen.append(slots.acquire(blocking=False))  # True: given back as the GX wait began
+        slots.release()
+        return [f"records of day {day}"]
+
+    monkeypatch.setattr(criteo_cli, "_ingest_day_records", day_steps)
+    monkeypatch.setattr(validation, "_gx_worker", None)
+    monkeypatch.setattr(validation, "run_gx_suites_here", lambda frames, name: {})
+    assert criteo_cli._ingest_day_in_slot(slots, stop, None, None, 0, True) == ["records of day 0"]
+    assert seen == [False, True]
+    assert slots.acquire(blocking=False) and not slots.acquire(blocking=False)  # given back once, not twice
+    slots.release()
+    stop.set()
+    with pytest.raises(CancelledError, match="day 1 not started"):
+        criteo_cli._ingest_day_in_slot(slots, stop, None, None, 1, True)
+    assert slots.acquire(blocking=False)  # a day that does not start gives its slot back

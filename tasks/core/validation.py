@@ -494,13 +494,36 @@ def _picklable(value: Any) -> bool:
     return True
 
 
+_gx_wait = threading.local()
+
+
+@contextlib.contextmanager
+def releasing_while_gx_runs(release: Callable[[], None]) -> Iterator[None]:
+    """Within it, this thread calls `release` (once) when it starts waiting for Great Expectations' results: a
+    caller that runs N validations at a time (a slot each) lets the next one start its row checks meanwhile, as the
+    rows of this one are done (issue #27: days waited 1-2 s on the GX worker's import while the cores had work)."""
+    _gx_wait.release = release
+    try:
+        yield
+    finally:
+        _gx_wait.release = None
+
+
+def _gx_wait_begins() -> None:
+    release, _gx_wait.release = getattr(_gx_wait, "release", None), None
+    if release is not None:
+        release()
+
+
 def run_gx_suites(frames: dict[str, tuple[Callable[[], Any], Any]], source_name: str) -> dict[str, dict[str, Any]]:
     """Validate each evidence frame with its suite ({name: (suite builder, pandas frame)}) in one ephemeral GX
-    context (GX builds suites only once a context exists); returns the JSON-able validation result of each. GX's pandas engine is far too slow for whole files, so a
-    dataset checks every row with its vectorised checker and hands GX a bounded evidence frame, parsed on its own.
-    Runs in the GX worker process when start_gx_worker started one (the builders must then pickle: module-level
-    functions or functools.partial of them), else in this process."""
+    context (GX builds suites only once a context exists); returns the JSON-able validation result of each. GX's
+    pandas engine is far too slow for whole files, so a dataset checks every row with its vectorised checker and
+    hands GX a bounded evidence frame, parsed on its own. Runs in the GX worker process when start_gx_worker
+    started one (the builders must then pickle: module-level functions or functools.partial of them), else in this
+    process. A thread inside releasing_while_gx_runs releases its slot here."""
     global _gx_worker
+    _gx_wait_begins()
     worker = _gx_worker
     if worker is not None and not _picklable([builder for builder, _ in frames.values()]):
         log.warning("%s: the GX suite builders do not pickle (a lambda?); running them in this process", source_name)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import inspect
 import logging
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -72,11 +73,16 @@ def criteo_ingest(args: argparse.Namespace, settings: Settings, steps: Steps) ->
     # would fight over the cores (issue #27).
     from concurrent.futures import ThreadPoolExecutor
 
+    # A day holds one of `jobs` slots while its rows are read and checked, and gives it back once it only waits for
+    # Great Expectations' report (releasing_while_gx_runs): the next day starts on the cores meanwhile. Memory stays
+    # that of `jobs` days' rows; up to `jobs` more threads wait for their reports.
     spark_here = engine == "spark"
-    log.info("ingesting %d days in %d threads%s", len(days), jobs,
+    log.info("ingesting %d days, %d at a time%s", len(days), jobs,
              "; day_stats by Spark one day at a time in the main thread" if spark_here else "")
-    with ThreadPoolExecutor(jobs, thread_name_prefix="ingest-day") as pool:
-        futures = [pool.submit(_ingest_day_records, args, settings, day, not spark_here) for day in days]
+    slots, stop = threading.Semaphore(jobs), threading.Event()
+    with ThreadPoolExecutor(min(len(days), 2 * jobs), thread_name_prefix="ingest-day") as pool:
+        futures = [pool.submit(_ingest_day_in_slot, slots, stop, args, settings, day, not spark_here)
+                   for day in days]
         failed = None
         for day, future in zip(days, futures):  # in day order: the report lists each day's steps together
             try:
@@ -86,6 +92,7 @@ def criteo_ingest(args: argparse.Namespace, settings: Settings, steps: Steps) ->
             except Exception as error:  # the day's records travel on the error (see _ingest_day_records)
                 steps.records += getattr(error, "recflow_records", [])
                 failed = failed or error
+                stop.set()  # days not started yet do not start
                 for other in futures:
                     other.cancel()
         if failed is not None:
@@ -116,6 +123,34 @@ def _day_stats_step(args: argparse.Namespace, settings: Settings, day: int, step
 
     steps.run("day_stats", day_stats, settings, day, spark_master=args.spark_master, label=f"day {day}",
               **_engine_kwargs(args, day_stats))
+
+
+def _ingest_day_in_slot(slots: threading.Semaphore, stop: threading.Event, args: argparse.Namespace,
+                        settings: Settings, day: int, with_day_stats: bool) -> list[StepRecord]:
+    """_ingest_day_records once a slot is free (not at all once `stop` is set: an earlier day failed); the slot is
+    given back when the day waits for its GX report."""
+    from concurrent.futures import CancelledError
+
+    from tasks.core.validation import releasing_while_gx_runs
+
+    slots.acquire()
+    if stop.is_set():
+        slots.release()
+        raise CancelledError(f"day {day} not started: an earlier day failed")
+    held = [True]
+    lock = threading.Lock()
+
+    def release() -> None:
+        with lock:
+            if held[0]:
+                held[0] = False
+                slots.release()
+
+    try:
+        with releasing_while_gx_runs(release):
+            return _ingest_day_records(args, settings, day, with_day_stats)
+    finally:
+        release()
 
 
 def _ingest_day_records(args: argparse.Namespace, settings: Settings, day: int,
