@@ -104,28 +104,35 @@ def test_epoch_sample_is_the_int64_draw_in_int32_and_depends_only_on_seed_and_ep
     assert not np.array_equal(epoch_sample(pairs, 25, 4, seed=9, epoch=3)[1], items)
 
 
-@pytest.mark.parametrize("optimizer", ["sgd", "adam"])
-def test_micro_batches_make_the_update_of_the_whole_batch(optimizer: str):
-    """A batch through k slices (gradients summed, embedding IndexedSlices concatenated) gives the loss and the
-    weights of the whole batch in one piece, step after step (dropout off: its masks are drawn per slice)."""
+def sliced_ncf_step(slices: int, optimizer: str):
+    """A small NeuMF (dropout off, seeded alike every time) and its train step over `slices` micro-batches."""
     import keras
     import tensorflow as tf
 
     from models.ncf.model import NeuMFConfig, build_model
     from models.tfkit.training import make_train_step
 
+    keras.utils.set_random_seed(5)
+    strategy = tf.distribute.OneDeviceStrategy("/cpu:0")
+    with strategy.scope():
+        model = build_model(NeuMFConfig(users=30, items=20, factors=4, mlp_sizes=(8, 8, 4), dropout=0.0))
+        opt = keras.optimizers.SGD(0.5) if optimizer == "sgd" else keras.optimizers.Adam(0.01)
+    return model, make_train_step(model, opt, strategy, 64, micro_batches=slices)
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "adam"])
+def test_micro_batches_make_the_update_of_the_whole_batch(optimizer: str):
+    """A batch through k slices (gradients summed, embedding IndexedSlices concatenated) gives the loss and the
+    weights of the whole batch in one piece, step after step (dropout off: its masks are drawn per slice)."""
+    import tensorflow as tf
+
     rng = np.random.default_rng(4)
     batches = [((tf.constant(rng.integers(0, 30, 64)), tf.constant(rng.integers(0, 20, 64))),
                 tf.constant(rng.integers(0, 2, 64).astype(np.float32))) for _ in range(3)]
     runs = {}
     for slices in (1, 4):
-        keras.utils.set_random_seed(5)
-        strategy = tf.distribute.OneDeviceStrategy("/cpu:0")
-        with strategy.scope():
-            model = build_model(NeuMFConfig(users=30, items=20, factors=4, mlp_sizes=(8, 8, 4), dropout=0.0))
-            opt = keras.optimizers.SGD(0.5) if optimizer == "sgd" else keras.optimizers.Adam(0.01)
+        model, step = sliced_ncf_step(slices, optimizer)
         start = [w.numpy() for w in model.weights]
-        step = make_train_step(model, opt, strategy, 64, micro_batches=slices)
         losses = [float(step(inputs, labels, tf.constant([1, i], tf.int64))) for i, (inputs, labels) in
                   enumerate(batches)]
         runs[slices] = losses, [w.numpy() for w in model.weights]
@@ -138,23 +145,14 @@ def test_micro_batches_make_the_update_of_the_whole_batch(optimizer: str):
 def test_micro_batches_follow_a_batch_size_the_trace_does_not_know():
     """Batches of varying size make the step's trace relax its batch dimension (reduce_retracing): the slices are
     then cut by the runtime size, with the same losses as the whole batch, and a size that does not split fails."""
-    import keras
     import tensorflow as tf
-
-    from models.ncf.model import NeuMFConfig, build_model
-    from models.tfkit.training import make_train_step
 
     rng = np.random.default_rng(6)
     batches = [((tf.constant(rng.integers(0, 30, n)), tf.constant(rng.integers(0, 20, n))),
                 tf.constant(rng.integers(0, 2, n).astype(np.float32))) for n in (64, 128, 32, 96)]
     losses = {}
     for slices in (1, 4):
-        keras.utils.set_random_seed(5)
-        strategy = tf.distribute.OneDeviceStrategy("/cpu:0")
-        with strategy.scope():
-            model = build_model(NeuMFConfig(users=30, items=20, factors=4, mlp_sizes=(8, 8, 4), dropout=0.0))
-            opt = keras.optimizers.SGD(0.5)
-        step = make_train_step(model, opt, strategy, 64, micro_batches=slices)
+        _, step = sliced_ncf_step(slices, "sgd")
         losses[slices] = [float(step(inputs, labels, tf.constant([1, i], tf.int64)))
                           for i, (inputs, labels) in enumerate(batches)]
     assert np.allclose(losses[1], losses[4], rtol=1e-5, atol=1e-7)

@@ -639,8 +639,8 @@ def transform_main(argv: Sequence[str], *, bucket_rows: int = BUCKET_ROWS, worke
         jobs = plan_jobs(plans, dict(spill=str(spill), dictionary=str(args.dictionary), cardinalities=cardinalities,
                                      cat_dtypes=cat_dtypes, seed=args.seed, bucket_bits=bits,
                                      test_buckets=test_buckets, split=split, encoded=encoded_by is not None))
-        log.info("pass 1: %d days, %d row groups, %d worker(s); %d train buckets, %d test-day buckets", len(plans),
-                 len(jobs), workers, 1 << bits, test_buckets)
+        log.info("pass 1: %d days, %d row groups, %d workers at most; %d train buckets, %d test-day buckets",
+                 len(plans), len(jobs), workers, 1 << bits, test_buckets)
         if jobs and lookup is not None:
             _LOOKUPS[jobs[0].token] = lookup  # pass 1 in this process reuses it; workers build their own
         try:
