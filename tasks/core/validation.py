@@ -108,8 +108,9 @@ def iter_line_blocks(path: Path, block_bytes: int, max_line_bytes: int,
         yield line_no, carry, []
 
 
-# pyarrow's CSV block size for a block of lines: parsed in 2 MiB pieces its working set stays in the CPU's caches; one
-# piece the size of a 64 MiB block of click-log rows took 2.2x the CPU (0.43-0.56 against 0.18-0.21 s, issue #27 round 6).
+# pyarrow's CSV block size for a block of lines: parsed in 2 MiB pieces its working set stays in the CPU's caches;
+# one piece the size of a 64 MiB block of click-log rows took 2.2x the CPU (0.43-0.56 against 0.18-0.21 s, issue #27
+# round 6).
 PARSE_CHUNK_BYTES = 2 << 20
 
 
