@@ -137,14 +137,11 @@ def _ingest_day_in_slot(slots: threading.Semaphore, stop: threading.Event, args:
     if stop.is_set():
         slots.release()
         raise CancelledError(f"day {day} not started: an earlier day failed")
-    held = [True]
-    lock = threading.Lock()
+    once = threading.Lock()  # taken by the first release: the slot goes back exactly once
 
     def release() -> None:
-        with lock:
-            if held[0]:
-                held[0] = False
-                slots.release()
+        if once.acquire(blocking=False):
+            slots.release()
 
     try:
         with releasing_while_gx_runs(release):
