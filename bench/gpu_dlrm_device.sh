@@ -5,7 +5,9 @@
 #   OUT=/tmp/o PY=.venv/bin/python DEVICE=cpu SIZE="--table_scale 512 --train_rows 16384 --test_rows 2048 \
 #     --batch_size 2048 --step_iterations 3 --log_every_steps 2" bash bench/gpu_dlrm_device.sh   # its CPU rehearsal
 # Writes under $OUT: gpu.txt (the machine), gpu_dlrm.json (bench.gpu_dlrm --variants: rewritten after each phase),
-# bench.log, cuda_graphs.log (the trainer again on the same data with --cuda_graphs).
+# bench.log, no_copy_ahead.log (the trainer again on the same data with --no-copy_ahead: batches from pageable host
+# memory, copied on the compute stream before each step, as until 2026-11-28; the bench's own trainer run is the
+# default, pinned batches copied a step ahead on a side stream).
 set -u
 PY=${PY:-python3}
 DEVICE=${DEVICE:-cuda}
@@ -31,8 +33,8 @@ rm -rf "$WORK/run"
 batch=$(echo "$SIZE" | sed -n 's/.*--batch_size \([0-9]*\).*/\1/p')
 amp=--amp; [ "$DEVICE" = cpu ] && amp=--no-amp
 timeout 150 "$PY" -m models.dlrm.train --dataset_dir "$WORK/data" --output_dir "$WORK/run2" --device "$DEVICE" \
-  "$amp" --batch_size "${batch:-65536}" --lr 1.0 --epochs 1 --checkpoint_every_steps 0 --log_every_steps 16 \
-  --limit_eval_batches 1 --cuda_graphs > "$OUT/cuda_graphs.log" 2>&1
-echo "trainer --cuda_graphs exit $?"
-tail -20 "$OUT/cuda_graphs.log"
+  "$amp" --batch_size "${batch:-65536}" --lr 0.25 --epochs 1 --checkpoint_every_steps 0 --log_every_steps 16 \
+  --limit_eval_batches 1 --no-copy_ahead > "$OUT/no_copy_ahead.log" 2>&1
+echo "trainer --no-copy_ahead exit $?"
+tail -20 "$OUT/no_copy_ahead.log"
 rm -rf "$WORK"

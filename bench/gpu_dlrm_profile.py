@@ -14,10 +14,15 @@ already on the device:
                 sorted       fused_scale, then ids sorted and equal ids' rows summed (segment_reduce)
                 bf16         autocast bf16 (no loss scale, nothing to unscale), rows -> fp32, one index_add_
   loop        the trainer's default step (--amp_dtype auto, padded, compiled) with its batch already on the device,
-              copied from pinned host memory each step (as the trainer's loop does), and copied one step ahead on
-              a side stream: how much of the trainer-vs-step gap (5.46M vs 6.31M on an H200) the copy explains.
+              copied from pageable host memory before each step (the trainer until 2026-11-28, --no-copy_ahead),
+              from pinned host memory before each step, and from pinned memory one step ahead on a side stream
+              (the trainer's default since, models.torchkit.device_batches): how much of the trainer-vs-step gap
+              (5.46M vs 6.31M on an H200) the copy explains.
   interaction the default step with the interaction's 1 + n_cat vectors padded by zero vectors to a multiple of 8
               before its bmm (27 -> 32: aligned batched GEMMs), beside the default: same output, checked first.
+  update_cast the default step with its table update compiled: the bf16 gradient rows cast and added into the fp32
+              table in one kernel (inductor's scatter-add), instead of a cast to an fp32 copy of all 1.7M rows and
+              then index_add_; beside the default, same result checked first.
   ops         the table ops alone: the lookup (index_select), index_add_ of this batch's ids (skewed: the small
               tables' rows are hit thousands of times) and of as many distinct random rows.
 --sections picks which run (default: all but updates, measured on 2026-11-28: docs/PERFORMANCE-gpu.md); the
@@ -28,6 +33,7 @@ the trainer's next changes from.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import time
 from pathlib import Path
@@ -37,6 +43,7 @@ import torch
 
 from bench.gpu_dlrm import LR, NUM_NUMERICAL, cardinalities, device_name
 from models.dlrm.model import DotInteraction
+from models.torchkit.device_batches import ahead_on_device
 
 
 def _sync(device: torch.device) -> None:
@@ -85,7 +92,7 @@ class RowPaddedInteraction(DotInteraction):
         return torch.cat(parts, dim=1)
 
 
-SECTIONS = ("profile", "updates", "loop", "interaction", "ops")
+SECTIONS = ("profile", "updates", "loop", "interaction", "update_cast", "ops")
 
 
 def measure(args: argparse.Namespace) -> dict[str, Any]:
@@ -226,33 +233,19 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     on_device = (numerical, categorical, label)
     if "loop" in sections:
         pin = cuda  # pinned host memory where there is a device to copy to
-        host = tuple(t.cpu().pin_memory() if pin else t.cpu().clone() for t in (numerical, categorical.int(), label))
+        pageable = tuple(t.cpu().clone() for t in (numerical, categorical.int(), label))
+        host = tuple(t.pin_memory() if pin else t for t in pageable)
 
-        def copied() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-            n, c, y = (t.to(device, non_blocking=True) for t in host)
+        def copied(source: tuple[torch.Tensor, ...] = host) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+            n, c, y = (t.to(device, non_blocking=True) for t in source)
             return n, c.long(), y
 
-        side = torch.cuda.Stream(device) if cuda else None
-        ahead: list[tuple[torch.Tensor, ...]] = []
-
-        def prefetched() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-            """The next batch's copy starts on a side stream while this one trains (one step ahead)."""
-            if side is None:
-                return copied()
-            if not ahead:
-                with torch.cuda.stream(side):
-                    ahead.append(copied())
-            torch.cuda.current_stream(device).wait_stream(side)
-            current = ahead.pop()
-            for tensor in current:
-                tensor.record_stream(torch.cuda.current_stream(device))
-            with torch.cuda.stream(side):
-                ahead.append(copied())
-            return current
-
+        # The trainer's own mover: each batch copied (and cast) a step ahead on a side stream, on CUDA.
+        ahead = ahead_on_device(itertools.repeat(host), copied, device)
         note(loop={"on_device": timed_figure(default_step_on(lambda: on_device)),
+                   "h2d_pageable": timed_figure(default_step_on(lambda: copied(pageable))),
                    "h2d_copy": timed_figure(default_step_on(copied)),
-                   "h2d_side_stream": timed_figure(default_step_on(prefetched)),
+                   "h2d_side_stream": timed_figure(default_step_on(lambda: next(ahead))),
                    "batch_bytes": int(sum(t.numel() * t.element_size() for t in host))})
 
     if "interaction" in sections:
@@ -269,6 +262,28 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         figures["rows_padded_bmm"] = timed_figure(default_step_on(lambda: on_device))
         model.interaction = standard
         note(interaction=figures)
+
+    if "update_cast" in sections:
+        def cast_add(table: torch.Tensor, ids: torch.Tensor, grads: torch.Tensor) -> None:
+            table.index_add_(0, ids, grads.to(table.dtype), alpha=-LR)
+
+        fused_cast_add = torch.compile(cast_add) if args.compile != "off" else cast_add
+        probe = torch.randn(64, model.embedding_dim, device=device)
+        probe_ids = torch.randint(0, 64, (512,), device=device, generator=generator)
+        probe_rows = torch.randn(512, model.embedding_dim, device=device).to(default_dtype)
+        expected, got = probe.clone(), probe.clone()
+        cast_add(expected, probe_ids, probe_rows)
+        fused_cast_add(got, probe_ids, probe_rows)
+
+        def update_cast(ids: torch.Tensor, grads: torch.Tensor, inv: torch.Tensor | None) -> None:
+            if inv is not None:  # fp16 with a loss scaler: the rows need unscaling first
+                update_fused(ids, grads, inv)
+            else:
+                fused_cast_add(weight.data, ids, grads)
+
+        note(update_cast={"default": timed_figure(default_step_on(lambda: on_device)),
+                          "same_result": bool(torch.allclose(got, expected, atol=1e-5, rtol=1e-5)),
+                          "compiled_cast_add": timed_figure(make_step(update_cast, default_dtype))})
 
     if "ops" not in sections:
         return result
@@ -298,7 +313,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--compile", default="auto", choices=("auto", "on", "off"))
     parser.add_argument("--profile_dtype", default="auto", choices=("auto", "bf16", "fp16"),
                         help="the type of the profiled step, the loop and interaction sections (auto: the trainer's)")
-    parser.add_argument("--sections", default="profile,loop,interaction,ops",
+    parser.add_argument("--sections", default="profile,loop,interaction,update_cast,ops",
                         help=f"comma-separated, of {', '.join(SECTIONS)}")
     parser.add_argument("--json", type=Path, default=None)
     return measure(parser.parse_args(argv))

@@ -63,6 +63,8 @@ def test_the_profile_bench_runs_its_next_experiments_on_the_cpu(tmp_path: Path) 
                            "--profile_steps", "1", "--top", "3", "--compile", "off", "--json", str(out)])
     result = json.loads(out.read_text())
     assert result["interaction"]["same_output"] is True and result["interaction"]["pad_rows"] == 5
-    assert {"on_device", "h2d_copy", "h2d_side_stream"} <= set(result["loop"])
+    assert {"on_device", "h2d_pageable", "h2d_copy", "h2d_side_stream"} <= set(result["loop"])
     assert all(figure["samples_per_second"] > 0 for name, figure in result["loop"].items() if name != "batch_bytes")
+    assert result["update_cast"]["same_result"] is True
+    assert all(result["update_cast"][k]["samples_per_second"] > 0 for k in ("default", "compiled_cast_add"))
     assert result["profile"] and result["ops_ms"]["index_add_batch_ids"] > 0 and "updates" not in result

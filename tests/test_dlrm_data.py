@@ -155,6 +155,31 @@ def test_held_raw_batches_stay_intact_beyond_the_kept_buffers(spec: FeatureSpec,
             assert len(dataset._buffers._slots) == 3
 
 
+def test_pinned_spans_are_views_of_the_allocators_own_buffer(spec: FeatureSpec) -> None:
+    """The pinned-memory path (a CUDA run) reads each batch into a fresh buffer from torch's allocator and hands
+    out torch views of that very buffer: the pinned allocator records its copy events by the buffer's storage, so
+    a batch made with torch.from_numpy over the same bytes would let the next read overwrite a batch mid-copy.
+    No GPU here, so a plain torch buffer stands in for the pinned one; the batches must equal the pooled path's."""
+    reads = _numpy_reads(spec, "train")
+    with (SplitBinaryDataset(spec, "train", BATCH) as pooled,
+          SplitBinaryDataset(spec, "train", BATCH) as fresh):
+        assert pooled.span_batches > 1
+        buffers: list[torch.Tensor] = []
+        fresh._allocate = lambda nbytes: buffers.append(torch.empty(nbytes, dtype=torch.uint8)) or buffers[-1]
+        assert fresh.span_batches == 1  # a longer span's categorical columns would be strided: copied synchronously
+        for i in (0, 9, len(fresh) - 1):
+            raw, expected = fresh.raw(i), pooled.raw(i)
+            assert _raw_equals_files(raw, slice(i * BATCH, (i + 1) * BATCH), reads)
+            assert raw[0].dtype == expected[0].dtype and raw[2].dtype == expected[2].dtype
+            assert [(g.values.dtype, g.positions.tolist()) for g in raw[1]] == [
+                (g.values.dtype, g.positions.tolist()) for g in expected[1]]
+            base = buffers[-1].untyped_storage().data_ptr()
+            tensors = [raw[0], raw[2], *(g.values for g in raw[1])]
+            assert all(t.untyped_storage().data_ptr() == base for t in tensors)
+            assert all(t.is_contiguous() for t in tensors)
+        assert len(buffers) == 3 and not pooled._allocate
+
+
 def test_short_last_batch_kept_or_dropped(spec: FeatureSpec) -> None:
     with SplitBinaryDataset(spec, "train", BATCH) as dataset:
         numerical, categorical, label = dataset[len(dataset) - 1]

@@ -256,6 +256,25 @@ def test_cuda_amp_training_learns_in_fp16_and_in_the_devices_default(dataset: Pa
 
 
 @pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_batches_copied_ahead_train_as_batches_copied_in_line(dataset: Path, tmp_path: Path) -> None:
+    """The default (pinned batches, copied a step ahead on a side stream) sees the same batches in the same order
+    as --no-copy_ahead: the same losses, up to the order of CUDA's atomic adds in the table update."""
+    losses = {}
+    for name, extra in (("ahead", []), ("in_line", ["--no-copy_ahead"])):
+        args = [a if a != "cpu" else "cuda" for a in _args(dataset, tmp_path / name, "--batch_size", "128",
+                                                           "--log_every_steps", "5")]
+        result = main(args + extra)
+        losses[name] = [r["loss"] for r in result_records(tmp_path / name) if r["kind"] == "train"]
+        assert result.final_metrics["auc"] >= 0.7, name
+    assert len(losses["ahead"]) >= 3 and losses["ahead"] == pytest.approx(losses["in_line"], rel=1e-4)
+
+
+def result_records(out: Path) -> list[dict]:
+    return [json.loads(line) for line in (out / "train_log.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.gpu
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA devices for a 2-process NCCL run")
 def test_two_process_nccl_run(dataset: Path, tmp_path: Path) -> None:
     args = [a if a != "cpu" else "cuda" for a in _args(dataset, tmp_path, "--batch_size", "256",

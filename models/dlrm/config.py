@@ -71,6 +71,9 @@ class DlrmConfig:
     shuffle_batch_order: bool = option(False, "shuffle the order of whole batches each epoch (seeded)")
     drop_last_train_batch: bool = option(True, "drop the short last training batch (eval always keeps it)")
     prefetch_depth: int = option(4, "batches read ahead by the loader thread (0: no thread)")
+    copy_ahead: bool = option(True, "CUDA: batches read into pinned host memory, each copied to the GPU on a side "
+                                    "stream a step ahead (overlapping the step); off: pageable batches copied on "
+                                    "the compute stream before each step, which blocks the host (the CPU: no effect)")
     torch_threads: int = option(0, "intra-op CPU threads per process (0: torch's default; torchrun sets 1)")
     compile: str = option("auto", "torch.compile the dense layers: on, off, auto (on for CUDA, off for CPU, where it "
                                 "measured no faster; docs/PERFORMANCE-gpu.md)", choices=("auto", "on", "off"))

@@ -175,7 +175,8 @@ class _SpanBuffers:
 class SplitBinaryDataset:
     """Batches of one mapping of a split-binary dataset: `dataset[i]` reads batch i (a torch Dataset of batches)."""
 
-    def __init__(self, spec: FeatureSpec, mapping: str, batch_size: int, drop_last_batch: bool = False) -> None:
+    def __init__(self, spec: FeatureSpec, mapping: str, batch_size: int, drop_last_batch: bool = False,
+                 pin_memory: bool = False) -> None:
         if batch_size < 1:
             raise ValueError(f"batch_size must be positive, got {batch_size}")
         self.mapping, self.batch_size = mapping, batch_size
@@ -203,6 +204,9 @@ class SplitBinaryDataset:
         self._groups = [_Group(dtype, positions, [self._categorical[p] for p in positions])
                         for dtype, positions in by_dtype.items()]
         self.index_dtype = index_dtype_for([g.dtype for g in self._groups])
+        # Raw batches in pinned host memory (a CUDA run): their copies to the GPU run asynchronously to the host.
+        self._allocate = _pinned_bytes if pin_memory else None
+        self._positions = [g.positions_tensor.pin_memory() if pin_memory else g.positions_tensor for g in self._groups]
         self.rows = self._label.rows
         for column in self._columns:
             if column.rows != self.rows:
@@ -231,7 +235,12 @@ class SplitBinaryDataset:
 
     @property
     def span_batches(self) -> int:
-        """How many consecutive batches one read covers (about SPAN_BYTES per span, at least one batch)."""
+        """How many consecutive batches one read covers (about SPAN_BYTES per span, at least one batch). One with
+        pinned memory: a batch of a longer span has its categorical columns strided ([k, b] of a [k, span] array),
+        and torch copies a strided host tensor to the GPU through a pageable contiguous copy, synchronously. (At
+        NVIDIA's batch of 65536 a batch is larger than SPAN_BYTES anyway.)"""
+        if self._allocate is not None:
+            return 1
         return max(1, SPAN_BYTES // max(1, self.batch_size * self.bytes_per_row))
 
     def _rows_of(self, first_index: int, count: int) -> tuple[int, int]:
@@ -247,9 +256,9 @@ class SplitBinaryDataset:
         self.stats.bytes += rows * self.bytes_per_row
         self.stats.seconds += time.perf_counter() - started
 
-    def _read(self, first: int, rows: int) -> _SpanArrays:
-        """Rows first .. first+rows-1 of every file, one preadv per file, into one buffer of the pool."""
-        # (dtype, shape, the files that fill it one after the other): label, numerical, then each group.
+    def _regions(self, rows: int) -> tuple[list[tuple[np.dtype, tuple[int, ...], list[_Column]]], list[int], int]:
+        """(dtype, shape, the files that fill it one after the other) of each region of a span of `rows` rows
+        (label, numerical, then each group), where each starts in the span's buffer, and the buffer's size."""
         regions = [(self._label.dtype, (rows,), [self._label])]
         if self._numerical is not None:
             regions.append((self._numerical.dtype, (rows, self._numerical.width), [self._numerical]))
@@ -258,16 +267,43 @@ class SplitBinaryDataset:
         for dtype, shape, _ in regions:
             starts.append(end)
             end += -(-math.prod(shape) * dtype.itemsize // _REGION_ALIGN) * _REGION_ALIGN
-        span = self._buffers.take(end)
+        return regions, starts, end
+
+    def _fill(self, span: np.ndarray, first: int, rows: int) -> None:
+        regions, starts, _ = self._regions(rows)
         with memoryview(span) as view:
             for (_, _, files), start in zip(regions, starts):
                 step = rows * files[0].row_bytes  # the files of a region share a dtype and width
                 for j, column in enumerate(files):
                     column.read_into(view[start + j * step:start + (j + 1) * step], first)
+
+    def _read(self, first: int, rows: int) -> _SpanArrays:
+        """Rows first .. first+rows-1 of every file, one preadv per file, into one buffer of the pool."""
+        regions, starts, end = self._regions(rows)
+        span = self._buffers.take(end)
+        self._fill(span, first, rows)
         arrays = [span[start:start + math.prod(shape) * dtype.itemsize].view(dtype).reshape(shape)
                   for (dtype, shape, _), start in zip(regions, starts)]
         numerical = arrays.pop(1) if self._numerical is not None else None
         return _SpanArrays(arrays[0], numerical, arrays[1:])
+
+    def _read_pinned(self, first: int, rows: int) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]:
+        """(label, numerical, groups) as `_read` reads them, but into a fresh buffer from `self._allocate` (pinned
+        host memory) and as torch views of it.
+
+        Not from the pool, and views of the allocator's own tensor rather than torch.from_numpy of numpy views:
+        torch's pinned-memory allocator records, on every non_blocking copy out of a tensor it allocated (slices
+        included), an event on the copying stream, and hands the block out again only after those events. A
+        torch.from_numpy tensor over the same bytes is pinned too, but its storage is not the allocator's, so no
+        event would be recorded and the next span could be read into the block while the GPU still copies it."""
+        regions, starts, end = self._regions(rows)
+        buffer = self._allocate(end)
+        self._fill(buffer.numpy(), first, rows)
+        tensors = [buffer[start:start + math.prod(shape) * dtype.itemsize].view(_torch_dtype(dtype)).reshape(shape)
+                   for (dtype, shape, _), start in zip(regions, starts)]
+        label = tensors.pop(0)
+        numerical = tensors.pop(0) if self._numerical is not None else torch.empty((rows, 0), dtype=torch.float16)
+        return label, numerical, tensors
 
     def raw_span(self, first_index: int, count: int) -> list[RawBatch]:
         """Batches first_index .. first_index+count-1 in the files' dtypes, read with one preadv per file; each
@@ -275,15 +311,19 @@ class SplitBinaryDataset:
         the module docstring)."""
         started = time.perf_counter()
         first, rows = self._rows_of(first_index, count)
-        arrays = self._read(first, rows)
-        numerical = (torch.from_numpy(arrays.numerical) if arrays.numerical is not None
-                     else torch.empty((rows, 0), dtype=torch.float16))
+        if self._allocate is not None:
+            label, numerical, values = self._read_pinned(first, rows)
+        else:
+            arrays = self._read(first, rows)
+            label, values = torch.from_numpy(arrays.label), [torch.from_numpy(v) for v in arrays.groups]
+            numerical = (torch.from_numpy(arrays.numerical) if arrays.numerical is not None
+                         else torch.empty((rows, 0), dtype=torch.float16))
         # Tensor.split makes all the views of a span in one call: slicing each batch in Python cost ~8.5 us a
         # batch (five views, three groups), a third of np.fromfile's ~27 us for the batch's bytes; split ~4.5 us.
         size = self.batch_size
-        groups = [map(CategoricalGroup, repeat(g.positions_tensor), torch.from_numpy(values).split(size, 1))
-                  for g, values in zip(self._groups, arrays.groups)]
-        batches = list(zip(numerical.split(size), zip(*groups), torch.from_numpy(arrays.label).split(size)))
+        groups = [map(CategoricalGroup, repeat(positions), v.split(size, 1))
+                  for positions, v in zip(self._positions, values)]
+        batches = list(zip(numerical.split(size), zip(*groups), label.split(size)))
         self._count(rows, count, started)
         return batches
 
@@ -329,6 +369,14 @@ class SplitBinaryDataset:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _pinned_bytes(nbytes: int) -> torch.Tensor:
+    return torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
+
+
+def _torch_dtype(dtype: np.dtype) -> torch.dtype:
+    return torch.from_numpy(np.empty(0, dtype=dtype)).dtype
 
 
 def _cast(tensor: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

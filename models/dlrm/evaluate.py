@@ -10,6 +10,7 @@ import argparse
 import json
 import time
 from dataclasses import asdict
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +18,7 @@ import torch
 
 from models.common.evaluation import ClickEvalResult, evaluator_parser, write_eval_metrics
 from models.torchkit.checkpoint import FORMAT_VERSION, MODEL_KIND, safe_load, write_torch_atomic
+from models.torchkit.device_batches import ahead_on_device
 from models.torchkit.distributed import autocast_context, select_device
 from models.common.metrics import StreamingPredictions
 from tasks.core.progress import RankLog
@@ -69,8 +71,7 @@ def predict_dataset(
     predictions = StreamingPredictions()
     try:
         with PrefetchingReader(dataset, indices, prefetch_depth, raw=decodes_on_device(device)) as reader:
-            for batch in reader:
-                numerical, categorical, label = to_device(batch, device)
+            for numerical, categorical, label in ahead_on_device(reader, partial(to_device, device=device), device):
                 with autocast_context(device, amp, amp_dtype):
                     logits = model(numerical, categorical)
                 predictions.add(label.cpu().numpy(), logits.float().cpu().numpy())
@@ -115,7 +116,8 @@ def main(argv: list[str] | None = None) -> ClickEvalResult:
     spec = FeatureSpec.from_yaml(dataset_dir / args.feature_spec)
     check_cardinalities(spec, payload["hparams"], dataset_dir / args.feature_spec)
     started = time.perf_counter()
-    with SplitBinaryDataset(spec, args.mapping, args.batch_size, drop_last_batch=False) as dataset:
+    with SplitBinaryDataset(spec, args.mapping, args.batch_size, drop_last_batch=False,
+                            pin_memory=torch.device(device).type == "cuda") as dataset:
         log(f"evaluating {args.model_path} (step {payload['step']}) on {dataset_dir}/{args.mapping}: "
             f"{dataset.rows} rows in {len(dataset)} batches on {device}")
         predictions = predict_dataset(model, dataset, device, args.amp, args.limit_batches, args.prefetch_depth)

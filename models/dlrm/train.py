@@ -16,12 +16,14 @@ from __future__ import annotations
 
 import json
 import time
+from functools import partial
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from models.torchkit.device_batches import ahead_on_device
 from models.torchkit.checkpoint import (CheckpointError, capture_rng_state, device_fingerprint, latest_checkpoint,
                                       link_checkpoint, load_checkpoint, restore_rng_state, save_checkpoint,
                                       state_checksum)
@@ -29,8 +31,8 @@ from models.torchkit.distributed import (DistContext, amp_dtype, autocast_contex
                                         data_parallel, init_distributed, make_grad_scaler, shutdown_distributed)
 from tasks.core.progress import ProgressMeter, RankLog, format_bytes, format_duration
 from models.dlrm.config import DlrmConfig, build_parser, config_from_namespace, lr_factor  # noqa: F401
-from models.dlrm.data import (Batch, PrefetchingReader, RawBatch, SplitBinaryDataset, decodes_on_device,
-                              shard_batch_indices, to_device)
+from models.dlrm.data import (Batch, PrefetchingReader, SplitBinaryDataset, decodes_on_device, shard_batch_indices,
+                              to_device)
 from models.dlrm.evaluate import predict_dataset, write_model_file
 from models.dlrm.model import Dlrm, embedding_table_bytes
 from models.dlrm import sharding as sharded
@@ -116,7 +118,9 @@ def _setup(cfg: DlrmConfig, ctx: DistContext) -> _Run:
     torch.manual_seed(cfg.seed)
     spec = FeatureSpec.from_yaml(Path(cfg.dataset_dir) / cfg.feature_spec)
     local_batch = cfg.batch_size // ctx.world_size
-    train_data = SplitBinaryDataset(spec, cfg.train_mapping, local_batch, drop_last_batch=cfg.drop_last_train_batch)
+    pinned = copies_ahead(cfg, ctx)
+    train_data = SplitBinaryDataset(spec, cfg.train_mapping, local_batch, drop_last_batch=cfg.drop_last_train_batch,
+                                    pin_memory=pinned)
     steps_per_epoch = len(train_data) // ctx.world_size
     if cfg.limit_train_batches is not None:
         steps_per_epoch = min(steps_per_epoch, cfg.limit_train_batches)
@@ -125,7 +129,8 @@ def _setup(cfg: DlrmConfig, ctx: DistContext) -> _Run:
         raise ValueError(f"{cfg.dataset_dir}/{cfg.train_mapping}: {train_data.rows} rows make no full step of "
                          f"{local_batch} rows x {ctx.world_size} ranks")
     try:
-        test_data = SplitBinaryDataset(spec, cfg.test_mapping, cfg.eval_batch_size, drop_last_batch=False)
+        test_data = SplitBinaryDataset(spec, cfg.test_mapping, cfg.eval_batch_size, drop_last_batch=False,
+                                       pin_memory=pinned)
     except BaseException:
         train_data.close()
         raise
@@ -153,6 +158,11 @@ def _setup(cfg: DlrmConfig, ctx: DistContext) -> _Run:
                 scaler=make_grad_scaler(ctx.device, cfg.amp, dtype), amp_dtype=dtype,
                 train_data=train_data, test_data=test_data, out=Path(cfg.output_dir),
                 steps_per_epoch=steps_per_epoch, total_steps=total_steps, seconds={"build_model": build_seconds})
+
+
+def copies_ahead(cfg: DlrmConfig, ctx: DistContext) -> bool:
+    """Whether batches come from pinned host memory, copied a step ahead on a side stream (--copy_ahead on CUDA)."""
+    return cfg.copy_ahead and torch.device(ctx.device).type == "cuda"
 
 
 def _build_model(cfg: DlrmConfig, ctx: DistContext, spec: FeatureSpec,
@@ -313,8 +323,8 @@ def _load_optimizer(run: _Run, state: dict[str, Any]) -> None:
     run.optimizer.load_state_dict(saved)
 
 
-def _train_step(run: _Run, batch: Batch | RawBatch) -> torch.Tensor:
-    numerical, categorical, label = to_device(batch, run.ctx.device)
+def _train_step(run: _Run, batch: Batch) -> torch.Tensor:
+    numerical, categorical, label = batch  # on the training device
     if run.fused is not None:
         # The fused table optimizer applies its lr inside backward: give it this step's lr first.
         for group in run.fused.param_groups:
@@ -404,7 +414,8 @@ def _train_epochs(run: _Run) -> ProgressMeter:
                                       cfg.shuffle_batch_order, cfg.seed, epoch)[: run.steps_per_epoch]
         with PrefetchingReader(run.train_data, indices[run.step - epoch * run.steps_per_epoch:],
                                cfg.prefetch_depth, raw=decodes_on_device(run.ctx.device)) as reader:
-            for batch in reader:
+            for batch in ahead_on_device(reader, partial(to_device, device=run.ctx.device), run.ctx.device,
+                                         cfg.copy_ahead):
                 loss_sum += _train_step(run, batch)
                 count += 1
                 run.step += 1
@@ -537,6 +548,9 @@ def _train(cfg: DlrmConfig, ctx: DistContext) -> TrainResult:
         run.log(f"training {run.total_steps} steps ({cfg.epochs} epochs x {run.steps_per_epoch}) of {cfg.batch_size} "
                 f"rows on {ctx.world_size} x {ctx.device} ({ctx.backend or 'single process'}), amp={_amp_name(run)}, "
                 f"starting at step {run.step}")
+        if torch.device(ctx.device).type == "cuda":
+            run.log("batches: " + ("pinned host memory, copied a step ahead on a side stream" if copies_ahead(cfg, ctx)
+                                   else "pageable host memory, copied before each step (--no-copy_ahead)"))
         started = time.perf_counter()
         meter = _train_epochs(run)
         run.seconds["train_loop"] = time.perf_counter() - started
