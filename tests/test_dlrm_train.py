@@ -320,3 +320,37 @@ def test_sparse_gradients_are_averaged_identically_on_every_rank(tmp_path: Path)
                 expected[table][row] += (rank + 1) / 2  # d(sum * (rank+1))/d row, averaged over 2 ranks
     for got0, got1, want in zip(rank0, rank1, expected):
         assert torch.equal(got0, got1) and torch.allclose(got0, want)
+
+
+def _gather_rows_rank(rank: int, store_path: str, out_dir: str) -> None:
+    import torch.distributed as dist
+
+    from models.torchkit.distributed import gather_rows
+
+    dist.init_process_group("gloo", init_method=f"file://{store_path}", rank=rank, world_size=2)
+    try:
+        ids = torch.tensor([[3, 3, 0, 7, 1], [7, 2, 5]][rank])  # rank 1 holds fewer rows (a short last batch)
+        rows = torch.arange(len(ids) * 2, dtype=torch.float32).reshape(-1, 2) + 10 * rank - 2
+        results = {}
+        for name, bound in (("counted", None), ("bounded", 6)):
+            all_ids, all_rows = gather_rows(ids, rows, 2, bound)
+            results[name] = (all_ids, all_rows, torch.zeros(9, 2).index_add_(0, all_ids, all_rows, alpha=-0.5))
+        if rank == 0:  # refused before its first collective (rank 1 joins none here)
+            with pytest.raises(ValueError, match="5 row ids exceed max_count 4"):
+                gather_rows(ids, rows, 2, 4)
+        torch.save(results, f"{out_dir}/gather{rank}.pt")
+    finally:
+        dist.destroy_process_group()
+
+
+def test_rows_gathered_against_a_bound_update_the_table_as_counted_ones(tmp_path: Path) -> None:
+    """The trainer's gather pads every rank's rows to the batch's bound (row 0, zero rows) instead of exchanging
+    counts first (a host sync each step on a GPU): the table update it feeds is the same."""
+    torch.multiprocessing.spawn(_gather_rows_rank, args=(str(tmp_path / "store"), str(tmp_path)), nprocs=2)
+    got = [torch.load(tmp_path / f"gather{r}.pt", weights_only=True) for r in (0, 1)]
+    counted_ids, counted_rows, counted_table = got[0]["counted"]
+    bounded_ids, bounded_rows, bounded_table = got[0]["bounded"]
+    assert counted_ids.tolist() == [3, 3, 0, 7, 1, 7, 2, 5] and len(bounded_ids) == 12
+    assert bounded_ids[5:6].tolist() == [0] and not bounded_rows[5].any() and not bounded_rows[9:].any()
+    assert torch.equal(bounded_table, counted_table) and counted_table.abs().sum() > 0
+    assert all(torch.equal(a, b) for a, b in zip(got[0]["bounded"], got[1]["bounded"]))

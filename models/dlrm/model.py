@@ -278,11 +278,13 @@ class Dlrm(nn.Module):
         return [("embeddings.weight", self.embeddings.weight)] if self.embeddings.fused else []
 
     @torch.no_grad()
-    def apply_sparse_update(self, lr: float, world_size: int = 1, inv_scale: torch.Tensor | None = None) -> None:
+    def apply_sparse_update(self, lr: float, world_size: int = 1, inv_scale: torch.Tensor | None = None,
+                            max_rows: int | None = None) -> None:
         """Plain SGD on the rows the last backward looked up: weight[ids] -= lr * mean over ranks of their gradient
         rows (one index_add_; duplicates add up). Every rank calls this after backward; with world_size > 1 the
         rows of all ranks are gathered first (identical on every rank). inv_scale: 1 / the loss scale of an fp16
-        GradScaler; rows holding inf/nan are then skipped (no sync with the host)."""
+        GradScaler; rows holding inf/nan are then skipped (no sync with the host). max_rows: a bound on any rank's
+        looked-up rows (batch rows x tables), which spares the gather its count exchange (`gather_rows`)."""
         taken = self.embeddings.take_pending()
         if taken is None:
             return
@@ -296,7 +298,7 @@ class Dlrm(nn.Module):
         if world_size > 1:
             from models.torchkit.distributed import gather_rows
 
-            ids, grads = gather_rows(ids, grads, world_size)
+            ids, grads = gather_rows(ids, grads, world_size, max_rows)
             lr = lr / world_size
         weight.index_add_(0, ids, grads, alpha=-lr)
 

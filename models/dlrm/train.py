@@ -356,7 +356,9 @@ def _amp_name(run: _Run) -> str:
 
 def _sparse_update(run: _Run, lr: float, inv_scale: torch.Tensor | None = None) -> None:
     if isinstance(run.core, Dlrm):
-        run.core.apply_sparse_update(lr, run.ctx.world_size, inv_scale)
+        # No rank's batch holds more than its share of the global batch: the rows gather without a count exchange.
+        max_rows = run.cfg.batch_size // run.ctx.world_size * len(run.core.table_sizes)
+        run.core.apply_sparse_update(lr, run.ctx.world_size, inv_scale, max_rows)
 
 
 def _log_interval(run: _Run, epoch: int, loss_sum: torch.Tensor, count: int, meter: ProgressMeter) -> None:

@@ -107,15 +107,27 @@ def average_sparse_gradients(params: Sequence[torch.nn.Parameter], world_size: i
         param.grad = summed / world_size
 
 
-def gather_rows(ids: torch.Tensor, rows: torch.Tensor, world_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+def gather_rows(ids: torch.Tensor, rows: torch.Tensor, world_size: int,
+                max_count: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Every rank's (row ids [k], rows [k, d]) concatenated in rank order, on every rank: what a fused sparse
     update (a joint embedding table's index_add_) sums. Ranks may hold different k (a short last batch): counts
-    first, then the parts padded to the largest; three dense collectives."""
-    count = torch.tensor([ids.numel()], dtype=torch.int64, device=ids.device)
-    counts = [torch.empty_like(count) for _ in range(world_size)]
-    dist.all_gather(counts, count)
-    sizes = [int(c) for c in torch.cat(counts).tolist()]
-    widest = max(sizes)
+    first, then the parts padded to the largest; three dense collectives.
+
+    With `max_count` (a bound no rank's k exceeds, the same on every rank: a trainer's ids per batch), each part is
+    padded to it with row id 0 and zero rows, which add nothing to a sum, and all of it is returned: two
+    collectives, and no count read back to the host. That read is a host sync every step on a GPU (the host waits
+    for backward to finish before it can queue the next step)."""
+    sizes: list[int] | None = None
+    if max_count is not None:
+        if ids.numel() > max_count:
+            raise ValueError(f"{ids.numel()} row ids exceed max_count {max_count}")
+        widest = max_count
+    else:
+        count = torch.tensor([ids.numel()], dtype=torch.int64, device=ids.device)
+        counts = [torch.empty_like(count) for _ in range(world_size)]
+        dist.all_gather(counts, count)
+        sizes = [int(c) for c in torch.cat(counts).tolist()]
+        widest = max(sizes)
     if ids.numel() < widest:
         ids = torch.cat([ids, ids.new_zeros(widest - ids.numel())])
         rows = torch.cat([rows, rows.new_zeros((widest - rows.shape[0], rows.shape[1]))])
@@ -123,6 +135,8 @@ def gather_rows(ids: torch.Tensor, rows: torch.Tensor, world_size: int) -> tuple
     all_rows = [torch.empty_like(rows) for _ in range(world_size)]
     dist.all_gather(all_ids, ids.contiguous())
     dist.all_gather(all_rows, rows.contiguous())
+    if sizes is None:
+        return torch.cat(all_ids), torch.cat(all_rows)
     return (torch.cat([i[:n] for i, n in zip(all_ids, sizes)]), torch.cat([r[:n] for r, n in zip(all_rows, sizes)]))
 
 
