@@ -88,24 +88,44 @@ def iter_line_blocks(path: Path, block_bytes: int, max_line_bytes: int,
     """Yield (first line number, block of whole lines, over-long lines skipped before it); memory ~ block_bytes
     whatever the file's size, even when a hostile file holds no newline at all. `opener`: how to open the file as a
     binary stream (default: as it is; e.g. gzip.open to read a .gz file's lines)."""
+    for first_line, block, skipped, _ in counted_line_blocks(path, block_bytes, max_line_bytes, opener):
+        yield first_line, block, skipped
+
+
+def counted_line_blocks(path: Path, block_bytes: int, max_line_bytes: int, opener: Callable[[Path], Any] | None = None
+                        ) -> Iterator[tuple[int, bytes, list[LongLine], int]]:
+    """iter_line_blocks' blocks with the newlines each holds, counted once here for the line numbers (a caller that
+    needs them too, e.g. to check the block, takes them from here: counting is ~20 ms per 64 MB).
+
+    A block's cut last line is read again with the next block: a plain file seeks back to its start, so each block
+    is copied once (cut off the bytes read); a stream from `opener` (decompressing: it cannot seek back cheaply)
+    keeps the line's start and puts it before the next read."""
     line_no, carry = 1, b""
     with (opener or _open_binary)(path) as raw:
         f = _PushbackReader(raw)
+        seeks = opener is None
         while chunk := f.read(block_bytes):
-            data = carry + chunk
+            data = carry + chunk if carry else chunk  # carry: the start of one line, the only thing held over
+            carry = b""
             cut = data.rfind(b"\n")
             if cut < 0:
                 if len(data) > max_line_bytes:  # no line end in sight: skip the line, keep memory bounded
-                    yield line_no, b"", [_skip_long_line(f, data, line_no)]
-                    line_no, carry = line_no + 1, b""
+                    yield line_no, b"", [_skip_long_line(f, data, line_no)], 0
+                    line_no += 1
                 else:
                     carry = data
                 continue
-            block, carry = data[: cut + 1], data[cut + 1:]
-            yield line_no, block, []
-            line_no += block.count(b"\n")
+            if cut < len(data) - 1:
+                if seeks:
+                    f.step_back(len(data) - cut - 1)
+                else:
+                    carry = data[cut + 1:]
+                data = data[: cut + 1]
+            lines = data.count(b"\n")
+            yield line_no, data, [], lines
+            line_no += lines
     if carry:
-        yield line_no, carry, []
+        yield line_no, carry, [], 0
 
 
 # pyarrow's CSV block size for a block of lines: parsed in 2 MiB pieces its working set stays in the CPU's caches;
@@ -155,6 +175,12 @@ class _PushbackReader:
 
     def unread(self, data: bytes) -> None:
         self.pending = data + self.pending
+
+    def step_back(self, n: int) -> None:
+        """Read the last n bytes that read() returned again (a seekable stream: seeks, dropping what was handed
+        back, which lies after them)."""
+        self.stream.seek(-(n + len(self.pending)), io.SEEK_CUR)
+        self.pending = b""
 
 
 def _skip_long_line(f: _PushbackReader, head: bytes, line_no: int) -> LongLine:

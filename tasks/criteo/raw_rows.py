@@ -10,7 +10,6 @@ default; checked_blocks holds a few), whatever the day's size.
 
 from __future__ import annotations
 
-import io
 import os
 import threading
 from collections.abc import Callable, Iterator
@@ -20,7 +19,8 @@ from typing import Any
 
 import numpy as np
 
-from tasks.core.validation import quoted_value, read_csv_block
+from tasks.core.validation import LongLine, quoted_value, read_csv_block
+from tasks.core.validation import counted_line_blocks as core_counted_line_blocks
 from tasks.criteo.schema import CAT_PATTERN, INT_PATTERN, LABEL_PATTERN, NUM_FIELDS, RAW_COLUMNS
 
 _TAB, _NEWLINE, _CARRIAGE_RETURN = 9, 10, 13
@@ -79,38 +79,14 @@ def iter_line_blocks(path: Path, block_bytes: int, max_line_bytes: int | None = 
 
 def counted_line_blocks(path: Path, block_bytes: int, max_line_bytes: int | None = None
                         ) -> Iterator[tuple[int, bytes, list[BadRow], int]]:
-    """iter_line_blocks' blocks with the newlines each holds, counted once here for the line numbers and handed on
-    to check_block (counting a block is ~20 ms per 64 MB)."""
+    """iter_line_blocks' blocks with the newlines each holds, counted once by the reader
+    (tasks.core.validation.counted_line_blocks) for the line numbers and handed on to check_block."""
     if max_line_bytes is None:
         from tasks.core.config import load_settings
 
         max_line_bytes = load_settings().max_line_bytes
-    line_no = 1
-    carry = b""
-    with open(path, "rb") as f:
-        while True:
-            chunk = f.read(block_bytes)
-            if not chunk:
-                break
-            data = carry + chunk if carry else chunk  # (carry only ever holds the start of one long line)
-            carry = b""
-            cut = data.rfind(b"\n")
-            if 0 <= cut < len(data) - 1:  # the block's last line is cut: it is read again with the next block
-                f.seek(cut + 1 - len(data), io.SEEK_CUR)
-                data = data[: cut + 1]
-            if cut < 0:
-                if len(data) > max_line_bytes:
-                    skipped, line_no = _skip_long_line(f, data, line_no, max_line_bytes)
-                    yield line_no, b"", [skipped], 0
-                    carry = b""
-                    continue
-                carry = data
-                continue
-            lines = data.count(b"\n")
-            yield line_no, data, [], lines
-            line_no += lines
-    if carry:
-        yield line_no, carry, [], 0
+    for first_line, block, skipped, lines in core_counted_line_blocks(path, block_bytes, max_line_bytes):
+        yield first_line, block, [_long_line(long, max_line_bytes) for long in skipped], lines
 
 
 CHECK_THREADS = 2  # blocks of one day checked at once: a day alone keeps two cores busy, memory stays a few blocks
@@ -163,22 +139,9 @@ def checked_blocks(path: Path, block_bytes: int, keep_good: bool = False, max_li
             future.cancel()
 
 
-def _skip_long_line(f, head: bytes, line_no: int, max_line_bytes: int) -> tuple[BadRow, int]:
-    """Consume the rest of an over-long line; return its BadRow and the next line number."""
-    length = len(head)
-    while True:
-        chunk = f.read(1 << 20)
-        if not chunk:
-            break
-        end = chunk.find(b"\n")
-        if end >= 0:
-            length += end
-            f.seek(end + 1 - len(chunk), io.SEEK_CUR)
-            break
-        length += len(chunk)
-    bad = BadRow(line_no, 0, 1, f"line is {length} bytes, longer than {max_line_bytes} (not a Criteo row)",
-                 _display(head, 200))
-    return bad, line_no + 1
+def _long_line(long: LongLine, max_line_bytes: int) -> BadRow:
+    return BadRow(long.line, 0, 1, f"line is {long.length} bytes, longer than {max_line_bytes} (not a Criteo row)",
+                  _display(long.head, 200))
 
 
 def _parse(block: bytes):
