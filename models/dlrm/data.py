@@ -269,8 +269,8 @@ class SplitBinaryDataset:
             end += -(-math.prod(shape) * dtype.itemsize // _REGION_ALIGN) * _REGION_ALIGN
         return regions, starts, end
 
-    def _fill(self, span: np.ndarray, first: int, rows: int) -> None:
-        regions, starts, _ = self._regions(rows)
+    def _fill(self, span: np.ndarray, first: int, rows: int,
+              regions: list[tuple[np.dtype, tuple[int, ...], list[_Column]]], starts: list[int]) -> None:
         with memoryview(span) as view:
             for (_, _, files), start in zip(regions, starts):
                 step = rows * files[0].row_bytes  # the files of a region share a dtype and width
@@ -281,7 +281,7 @@ class SplitBinaryDataset:
         """Rows first .. first+rows-1 of every file, one preadv per file, into one buffer of the pool."""
         regions, starts, end = self._regions(rows)
         span = self._buffers.take(end)
-        self._fill(span, first, rows)
+        self._fill(span, first, rows, regions, starts)
         arrays = [span[start:start + math.prod(shape) * dtype.itemsize].view(dtype).reshape(shape)
                   for (dtype, shape, _), start in zip(regions, starts)]
         numerical = arrays.pop(1) if self._numerical is not None else None
@@ -298,7 +298,7 @@ class SplitBinaryDataset:
         event would be recorded and the next span could be read into the block while the GPU still copies it."""
         regions, starts, end = self._regions(rows)
         buffer = self._allocate(end)
-        self._fill(buffer.numpy(), first, rows)
+        self._fill(buffer.numpy(), first, rows, regions, starts)
         tensors = [buffer[start:start + math.prod(shape) * dtype.itemsize].view(_torch_dtype(dtype)).reshape(shape)
                    for (dtype, shape, _), start in zip(regions, starts)]
         label = tensors.pop(0)

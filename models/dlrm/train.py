@@ -16,17 +16,17 @@ from __future__ import annotations
 
 import json
 import time
-from functools import partial
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from models.torchkit.device_batches import ahead_on_device
 from models.torchkit.checkpoint import (CheckpointError, capture_rng_state, device_fingerprint, latest_checkpoint,
                                       link_checkpoint, load_checkpoint, restore_rng_state, save_checkpoint,
                                       state_checksum)
+from models.torchkit.device_batches import ahead_on_device
 from models.torchkit.distributed import (DistContext, amp_dtype, autocast_context, barrier, broadcast_from_main,
                                         data_parallel, init_distributed, make_grad_scaler, shutdown_distributed)
 from tasks.core.progress import ProgressMeter, RankLog, format_bytes, format_duration
