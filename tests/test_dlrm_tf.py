@@ -109,6 +109,7 @@ def test_config_takes_the_pytorch_trainers_flags_and_ignores_pytorch_only_ones()
     assert set(cfg.ignored_settings()) == {"sharding"}
     assert parse_args([*flags, "--amp_dtype", "bf16"]).resolved_precision(on_gpu=True) == "bf16"
     assert set(parse_args([*flags, "--compile", "off"]).ignored_settings()) == {"sharding", "compile"}
+    assert set(parse_args([*flags, "--no-copy_ahead"]).ignored_settings()) == {"sharding", "copy_ahead"}
     defaults = DlrmTfConfig()  # NVIDIA's recipe, as the PyTorch trainer's
     assert (defaults.batch_size, defaults.lr, defaults.warmup_steps, defaults.top_mlp_sizes) == (
         65536, 24.0, 8000, (1024, 1024, 512, 256, 1))
