@@ -206,7 +206,9 @@ class SplitBinaryDataset:
         self.index_dtype = index_dtype_for([g.dtype for g in self._groups])
         # Raw batches in pinned host memory (a CUDA run): their copies to the GPU run asynchronously to the host.
         self._allocate = _pinned_bytes if pin_memory else None
-        self._positions = [g.positions_tensor.pin_memory() if pin_memory else g.positions_tensor for g in self._groups]
+        if pin_memory:
+            for group in self._groups:
+                group.positions_tensor = group.positions_tensor.pin_memory()
         self.rows = self._label.rows
         for column in self._columns:
             if column.rows != self.rows:
@@ -321,8 +323,8 @@ class SplitBinaryDataset:
         # Tensor.split makes all the views of a span in one call: slicing each batch in Python cost ~8.5 us a
         # batch (five views, three groups), a third of np.fromfile's ~27 us for the batch's bytes; split ~4.5 us.
         size = self.batch_size
-        groups = [map(CategoricalGroup, repeat(positions), v.split(size, 1))
-                  for positions, v in zip(self._positions, values)]
+        groups = [map(CategoricalGroup, repeat(g.positions_tensor), v.split(size, 1))
+                  for g, v in zip(self._groups, values)]
         batches = list(zip(numerical.split(size), zip(*groups), label.split(size)))
         self._count(rows, count, started)
         return batches
