@@ -1,16 +1,17 @@
-"""Batches moved to the device a step ahead: the CPU path is a plain map; the CUDA path (gpu-marked) hands out the
-same values without the host waiting on the copies."""
+"""Batches moved to the device a step ahead, and results read back a batch behind: the CPU paths are plain maps;
+the CUDA paths (gpu-marked) hand out the same values without the host waiting on the copies."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
 from models.dlrm.data import PrefetchingReader, SplitBinaryDataset, to_device
 from models.dlrm.synthetic import make_synthetic_dataset
-from models.torchkit.device_batches import ahead_on_device
+from models.torchkit.device_batches import ahead_on_device, to_host_behind
 from tasks.formats.feature_spec import FeatureSpec
 
 
@@ -25,6 +26,22 @@ def test_on_the_cpu_each_batch_is_moved_in_order_as_it_is_asked_for() -> None:
     assert next(batches)[0].item() == 0 and moved == [0]  # nothing read ahead: no streams to overlap with
     assert [b[0].item() for b in batches] == [1, 2, 3] and moved == [0, 1, 2, 3]
     assert list(ahead_on_device([], move, "cpu")) == []
+
+
+def test_on_the_cpu_results_come_back_as_arrays_in_order_as_they_are_made() -> None:
+    made: list[int] = []
+
+    def results():
+        for i in range(3):
+            made.append(i)
+            yield torch.full((2,), float(i), requires_grad=True) * 2, torch.tensor([i], dtype=torch.uint8)
+
+    back = to_host_behind(results(), "cpu")
+    logits, labels = next(back)
+    assert made == [0]  # not read behind on the CPU: there is no queue to keep fed
+    assert logits.tolist() == [0.0, 0.0] and labels.dtype == np.uint8
+    assert [(a.tolist(), b.tolist()) for a, b in back] == [([2.0, 2.0], [1]), ([4.0, 4.0], [2])]
+    assert list(to_host_behind(iter(()), "cpu")) == []
 
 
 @pytest.fixture(scope="module")
@@ -57,3 +74,24 @@ def test_on_cuda_pinned_batches_arrive_equal_and_the_host_never_waits(spec: Feat
     assert len(sums) == len(expected)
     for row, (numerical, categorical, label) in zip(sums, expected):
         assert torch.allclose(row, torch.stack([numerical.sum(), categorical.float().sum(), label.sum()]))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_on_cuda_results_are_read_a_batch_behind_and_own_their_memory() -> None:
+    made: list[int] = []
+
+    def results():
+        for i in range(5):
+            made.append(i)
+            torch.cuda._sleep(1_000_000)  # a slow batch: the previous one's copy is waited for while it runs
+            yield torch.arange(4, device="cuda", dtype=torch.float32) + i, torch.full((4,), i, device="cuda")
+
+    back = to_host_behind(results(), "cuda")
+    first = next(back)
+    assert made == [0, 1]  # batch 0 is handed out once batch 1's work is queued
+    rest = list(back)
+    got = [first, *rest]
+    assert [a.tolist() for a, _ in got] == [[i, i + 1, i + 2, i + 3] for i in range(5)]
+    assert [b.tolist() for _, b in got] == [[i] * 4 for i in range(5)]
+    assert all(a.flags.owndata and b.flags.owndata for a, b in got)  # copies, not views of pinned buffers

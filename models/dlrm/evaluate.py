@@ -18,7 +18,7 @@ import torch
 
 from models.common.evaluation import ClickEvalResult, evaluator_parser, write_eval_metrics
 from models.torchkit.checkpoint import FORMAT_VERSION, MODEL_KIND, safe_load, write_torch_atomic
-from models.torchkit.device_batches import ahead_on_device
+from models.torchkit.device_batches import ahead_on_device, to_host_behind
 from models.torchkit.distributed import autocast_context, select_device
 from models.common.metrics import StreamingPredictions
 from tasks.core.progress import RankLog
@@ -71,13 +71,20 @@ def predict_dataset(
     predictions = StreamingPredictions()
     try:
         with PrefetchingReader(dataset, indices, prefetch_depth, raw=decodes_on_device(device)) as reader:
-            for numerical, categorical, label in ahead_on_device(reader, partial(to_device, device=device), device):
-                with autocast_context(device, amp, amp_dtype):
-                    logits = model(numerical, categorical)
-                predictions.add(label.cpu().numpy(), logits.float().cpu().numpy())
+            batches = ahead_on_device(reader, partial(to_device, device=device), device)
+            for labels, logits in to_host_behind(_scored(model, batches, device, amp, amp_dtype), device):
+                predictions.add(labels, logits)
     finally:
         model.train(was_training)
     return predictions
+
+
+def _scored(model: torch.nn.Module, batches, device: torch.device, amp: bool, amp_dtype: torch.dtype | None):
+    """(labels, fp32 logits) per batch, still on the device: read back by the caller (one batch behind on CUDA)."""
+    for numerical, categorical, label in batches:
+        with autocast_context(device, amp, amp_dtype):
+            logits = model(numerical, categorical)
+        yield label, logits.float()
 
 
 def check_cardinalities(spec: FeatureSpec, hparams: dict[str, Any], where: Path) -> None:

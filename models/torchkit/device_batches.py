@@ -10,6 +10,10 @@ stream, so the caching allocator does not reuse its memory while the step still 
 host memory (`SplitBinaryDataset(..., pin_memory=True)`) nothing in it blocks the host.
 
 Elsewhere (the CPU) it is `map(move, batches)`: no streams, same order, same values.
+
+`to_host_behind` is the way back, for evaluation: each batch's results are copied into pinned host memory without
+blocking, and handed out one batch later, once the next batch's work is queued, so reading them never leaves the
+GPU idle while the host waits (a `.cpu()` per batch drains the queue every batch).
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator
 from typing import TypeVar
 
+import numpy as np
 import torch
 
 In = TypeVar("In")
@@ -50,3 +55,32 @@ def _handed_over(moved: Moved, ready: torch.cuda.Event, compute: torch.cuda.Stre
     for tensor in moved:
         tensor.record_stream(compute)
     return moved
+
+
+def to_host_behind(results: Iterable[Moved], device: torch.device | str) -> Iterator[tuple[np.ndarray, ...]]:
+    """Each item's tensors as numpy arrays (owned, not views of pinned memory), in order. On CUDA item N's copies
+    are issued (non-blocking, into pinned buffers) as it arrives and waited for only after item N+1 was drawn from
+    `results`, i.e. after N+1's kernels were queued; elsewhere it is a plain `.numpy()` per tensor."""
+    if torch.device(device).type != "cuda":
+        for tensors in results:
+            yield tuple(tensor.detach().numpy() for tensor in tensors)
+        return
+    pending: tuple[tuple[torch.Tensor, ...], torch.cuda.Event] | None = None
+    for tensors in results:
+        host = tuple(torch.empty(t.shape, dtype=t.dtype, pin_memory=True) for t in tensors)
+        for target, tensor in zip(host, tensors):
+            target.copy_(tensor.detach(), non_blocking=True)
+        copied = torch.cuda.Event()
+        copied.record()
+        if pending is not None:
+            yield _read_back(*pending)
+        pending = host, copied
+    if pending is not None:
+        yield _read_back(*pending)
+
+
+def _read_back(host: tuple[torch.Tensor, ...], copied: torch.cuda.Event) -> tuple[np.ndarray, ...]:
+    copied.synchronize()
+    # Copied out so the pinned buffers go back to torch's caching host allocator instead of being held by the
+    # caller's arrays (evaluation keeps every batch's logits: that would pin the whole test set).
+    return tuple(tensor.numpy().copy() for tensor in host)
