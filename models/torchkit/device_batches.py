@@ -58,12 +58,13 @@ def _handed_over(moved: Moved, ready: torch.cuda.Event, compute: torch.cuda.Stre
 
 
 def to_host_behind(results: Iterable[Moved], device: torch.device | str) -> Iterator[tuple[np.ndarray, ...]]:
-    """Each item's tensors as numpy arrays (owned, not views of pinned memory), in order. On CUDA item N's copies
-    are issued (non-blocking, into pinned buffers) as it arrives and waited for only after item N+1 was drawn from
-    `results`, i.e. after N+1's kernels were queued; elsewhere it is a plain `.numpy()` per tensor."""
+    """Each item's tensors as numpy arrays, in order. On CUDA item N's copies are issued (non-blocking, into pinned
+    buffers) as it arrives and waited for only after item N+1 was drawn from `results`, i.e. after N+1's kernels
+    were queued; the arrays own their memory, not the pinned buffers'. Elsewhere it is `.cpu().numpy()` per tensor
+    (no copy for a CPU tensor)."""
     if torch.device(device).type != "cuda":
         for tensors in results:
-            yield tuple(tensor.detach().numpy() for tensor in tensors)
+            yield tuple(tensor.detach().cpu().numpy() for tensor in tensors)
         return
     pending: tuple[tuple[torch.Tensor, ...], torch.cuda.Event] | None = None
     for tensors in results:
