@@ -6,7 +6,8 @@ or below a float16 midpoint, landing on it in float32, where ties-to-even decide
 computed by the rule, so a transcode that rounds once fails. The engine tests run the validation, the Spark job
 (session local[2] Spark) and the arrow engine on the same specs and compare every output file byte for byte: NVIDIA's
 small_csv layout with `auto` cardinalities and a bad row, a many-file spec with odd feature names, and mixed chunks
-(ids, numbers and the label in one file, gen_csv's "4.0" ids, exponents, bad rows of every rule) with gzip files.
+(ids, numbers and the label in one file, gen_csv's "4.0" ids, exponents, bad rows of every rule, a valid row one
+byte over the line cap) with gzip files.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import pytest
 import yaml
 
 from tasks.byo import transcode_arrow
+from tasks.byo.contract import MAX_LINE_BYTES
 from tasks.byo.spec import csv_chunks, load_csv_spec
 from tasks.byo.synthetic import write_csvs
 from tasks.byo.transcode_arrow import LineReader, _exact_parse, _fast_parse
@@ -96,6 +98,9 @@ MIXED_BAD = {  # train line -> (chunk's column, value): every row rule, plus val
 }
 MIXED_GOOD = {4: (0, "+1.5e+3"), 6: (0, "-0"), 9: (1, "007"), 10: (2, "1.0"), 12: (0, "65504"), 14: (0, "1.e2"),
               15: (1, "12.000"), 16: (0, "-.5"), 17: (0, "5."), 18: (0, "6.1E-005")}
+# train line -> its length in bytes: a valid row padded to the line cap (good) and one byte past it (bad, in the
+# validation and both engines, though every field matches its rule: no reader holds such a line).
+MIXED_LONG = {610: MAX_LINE_BYTES + 1, 987: MAX_LINE_BYTES}
 
 
 def _mixed_spec(folder: Path) -> Path:
@@ -124,6 +129,9 @@ def _write_mixed(folder: Path, rows: dict[str, int], seed: int) -> None:
         if mapping == "train":
             for line, (column, value) in {**MIXED_BAD, **MIXED_GOOD}.items():
                 part0[line - 1][column] = value
+            for line, length in MIXED_LONG.items():  # x = 1.000...0, as long as the line needs
+                rest = len(",".join(part0[line - 1][1:])) + 1
+                part0[line - 1][0] = "1." + "0" * (length - rest - 2)
             part1[40] = ["5"]  # a short line in the other file of the mapping
         text0 = "".join(",".join(r) + "\n" for r in part0)
         text1 = "".join(",".join(r) + "\n" for r in part1).rstrip("\n")  # no newline after the last line
@@ -195,8 +203,14 @@ def test_arrow_engine_writes_sparks_bytes(engines):
         assert ours["extra"][key] == theirs["extra"][key], key
     assert ours["rows"] == theirs["rows"]
     assert ours["extra"]["dropped"] == validated["bad_rows"]
-    if kind == "mixed":  # every planted bad row and the short line, nothing else
-        assert validated["bad_rows"] == {"train": len(MIXED_BAD) + 1, "test": 0}
+    if kind == "mixed":
+        # every planted bad row, the short line and the over-long one, nothing else
+        assert validated["bad_rows"] == {"train": len(MIXED_BAD) + 1 + 1, "test": 0}
+        quarantined = [json.loads(line) for line in
+                       (Path(validated["path"]) / "quarantine.jsonl").read_text().splitlines()]
+        too_long = [(b["file"], b["line"], b["reason"]) for b in quarantined if "bytes is longer" in b["reason"]]
+        assert too_long == [("train/part0.csv", 610, f"line of {MAX_LINE_BYTES + 1} bytes is longer than "
+                                                      f"{MAX_LINE_BYTES}")]
 
 
 @pytest.mark.spark
@@ -265,6 +279,23 @@ def test_line_reader_takes_whole_lines_and_skips_an_overlong_one(tmp_path, monke
     taken = [reader.take(2), reader.take(2), reader.take(2)]
     reader.close()
     assert taken == [(b"1,2\n\x00\n", 2), (b"5,6\n7,8\n", 2), (b"", 0)]
+
+
+@pytest.mark.parametrize("read_bytes", [7, 64, 250, 1000])
+def test_line_reader_measures_a_line_exactly_wherever_the_reads_cut_it(tmp_path, monkeypatch, read_bytes):
+    """A line of max_line_bytes is kept and one byte more is skipped, whether it spans reads or lies in one, and
+    whatever the read size (the validation's rule: both count the same bad lines)."""
+    monkeypatch.setattr(transcode_arrow, "READ_BYTES", read_bytes)
+    cap = 100
+    at_cap, over = b"1," + b"2" * (cap - 2), b"3," + b"4" * (cap - 1)
+    lines = [b"5,6", at_cap, over, b"7,8", over, at_cap, b"9," * 60 + b"0", at_cap]
+    path = tmp_path / "x.csv"
+    path.write_bytes(b"\n".join(lines))  # the last line (at the cap) has no newline
+    reader = LineReader(path, max_line_bytes=cap)
+    taken, count = reader.take(100)
+    reader.close()
+    expected = [line if len(line) <= cap else b"\x00" for line in lines]
+    assert count == len(lines) and taken == b"".join(line + b"\n" for line in expected)
 
 
 def test_files_of_different_lengths_fail_naming_the_counts(tmp_path):

@@ -8,8 +8,9 @@ Semantics:
     number from the file's byte splits (input_file_block_start + monotonically_increasing_id, made dense from a
     per-split count: one small row per split is collected, never the data), the chunks are joined on it and the
     output is written in line order;
-  * bad rows (tasks/byo/spec.py rules, the same the validation applies) are dropped from every file of the
-    mapping; --expected-bad-rows (the validation's count per mapping) makes a disagreement an error;
+  * bad rows (tasks/byo/spec.py rules, the same the validation applies, and lines over
+    tasks/byo/contract.py's MAX_LINE_BYTES) are dropped from every file of the mapping; --expected-bad-rows (the
+    validation's count per mapping) makes a disagreement an error;
   * cardinalities: `auto` = max id + 1 over train and test; a declared cardinality must cover the largest id found,
     else the job fails naming the feature (NVIDIA asserts the same);
   * output: NVIDIA's default spec (features renamed num_i / cat_i.bin / label in channel order, as NVIDIA's
@@ -31,7 +32,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from spark_jobs.common import configure_logging, log, reuse_level, run_job, spark_session
-from tasks.byo.contract import TranscodeResult, check_bad_rows
+from tasks.byo.contract import MAX_LINE_BYTES, TranscodeResult, check_bad_rows
 from tasks.byo.contract import parse_transcode_args as parse_args
 from tasks.byo.spec import (CATEGORICAL_CHANNEL, DELIMITER, FLOAT16_MAX, MAPPINGS, NUMERICAL_CHANNEL,
                             PATTERNS, csv_chunks, load_csv_spec, renamed_features, resolve_cardinalities)
@@ -84,7 +85,8 @@ def parse_chunk(spark, spec, chunk, path: Path):
 
     lines, count = numbered_lines(spark, path)
     parts = F.split(F.col("value"), DELIMITER, -1)
-    ok = F.size(parts) == F.lit(len(chunk.features))
+    # A line over MAX_LINE_BYTES is bad however its fields read: the validation and the arrow engine never hold it.
+    ok = (F.size(parts) == F.lit(len(chunk.features))) & (F.octet_length("value") <= F.lit(MAX_LINE_BYTES))
     columns = []
     for index, (feature, channel) in enumerate(zip(chunk.features, chunk.channels)):
         text = F.get(parts, index)  # null past the end (a short line), never an error

@@ -66,11 +66,14 @@ _OVERLONG = b"\x00"          # an over-long line is replaced by this one byte, w
 
 
 class LineReader:
-    """Whole lines of one file, `take(n)` at a time; a line longer than max_line_bytes is skipped while reading
-    (memory stays bounded) and stands as one bad line (one NUL byte, which breaks every row rule)."""
+    """Whole lines of one file, `take(n)` at a time; a line longer than max_line_bytes (without its newline) is
+    skipped while reading (memory stays bounded) and stands as one bad line (one NUL byte, which breaks every row
+    rule). Reads are at most max_line_bytes, so only a line that spans reads can be too long, and it is measured
+    exactly wherever the reads cut it: the validation's rule (tasks/byo/validation.py)."""
 
     def __init__(self, path: Path, max_line_bytes: int = MAX_LINE_BYTES) -> None:
         self.path, self.max_line_bytes = path, max_line_bytes
+        self.read_bytes = min(READ_BYTES, max_line_bytes)
         self.stream = open_csv(path)
         self.parts: list[bytes] = []   # whole lines read and not taken yet, in order
         self.counts: list[int] = []    # lines in each part
@@ -81,7 +84,7 @@ class LineReader:
         self.stream.close()
 
     def _fill(self) -> None:
-        data = self.stream.read(READ_BYTES)
+        data = self.stream.read(self.read_bytes)
         if not data:
             self.eof = True
             if self.tail:  # the last line without a newline
@@ -97,9 +100,16 @@ class LineReader:
         if cut < 0:
             self.tail += data
         else:
-            if self.tail:  # the line it started ends in this read: kept as a part of no newline before it
-                self._add(self.tail, 0)
-            self._add(memoryview(data)[:cut + 1], data.count(b"\n", 0, cut + 1))  # views: joined once, in take
+            start = 0
+            if self.tail:  # the line it started ends in this read
+                start = data.find(b"\n") + 1
+                if len(self.tail) + start - 1 > self.max_line_bytes:
+                    self._add(_OVERLONG + b"\n", 1)
+                else:  # kept as a part of no newline before the rest, which ends it
+                    self._add(self.tail, 0)
+                    start = 0
+            if start <= cut:
+                self._add(memoryview(data)[start:cut + 1], data.count(b"\n", start, cut + 1))  # joined in take
             self.tail = data[cut + 1:]
         if len(self.tail) > self.max_line_bytes:
             self._add(_OVERLONG + b"\n", 1)

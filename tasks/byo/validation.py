@@ -84,8 +84,7 @@ class _FileChecker:
     def run(self, block_bytes: int, progress: ProgressLog) -> FileResult:
         for first_line, block, skipped in iter_line_blocks(self.path, block_bytes, MAX_LINE_BYTES, open_csv):
             for long in skipped:
-                self._bad(BadRow(long.line, None, None, f"line of {long.length} bytes is longer than "
-                                                       f"{MAX_LINE_BYTES}", display_text(long.head)))
+                self._bad(BadRow(long.line, None, None, _long_line_reason(long.length), display_text(long.head)))
             self.lines += len(skipped)
             if block:
                 self._check_block(first_line + len(skipped), block)
@@ -104,11 +103,15 @@ class _FileChecker:
         commas = np.concatenate(([0], np.cumsum(arr == _COMMA)))
         fields = commas[ends] - commas[starts] + 1
         expected = len(self.chunk.features)
-        good = fields == expected
+        lengths = ends - starts
+        good = (fields == expected) & (lengths <= MAX_LINE_BYTES)  # a block holds lines up to its own size
         for i in np.flatnonzero(~good):
             raw = block[starts[i]:ends[i]]
-            self._bad(BadRow(first_line + int(i), None, None, f"{int(fields[i])} fields, expected {expected} "
-                             f"({', '.join(self.chunk.features)})", display_text(raw)))
+            if lengths[i] > MAX_LINE_BYTES:
+                reason = _long_line_reason(int(lengths[i]))
+            else:
+                reason = f"{int(fields[i])} fields, expected {expected} ({', '.join(self.chunk.features)})"
+            self._bad(BadRow(first_line + int(i), None, None, reason, display_text(raw)))
         self.lines += len(starts)
         rows = np.flatnonzero(good)
         if not len(rows):
@@ -148,6 +151,10 @@ class _FileChecker:
             raise DataQualityError(f"{self.name} line {first_line + int(rows[row])} column {index + 1} ({name}): id "
                                    f"{column[row].as_py()} >= declared cardinality {card} (declare a larger "
                                    "cardinality or 'auto')")
+
+
+def _long_line_reason(length: int) -> str:
+    return f"line of {length} bytes is longer than {MAX_LINE_BYTES}"
 
 
 def _is_number(text: str) -> bool:
