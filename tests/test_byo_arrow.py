@@ -283,8 +283,9 @@ def test_line_reader_takes_whole_lines_and_skips_an_overlong_one(tmp_path, monke
 
 @pytest.mark.parametrize("read_bytes", [7, 64, 250, 1000])
 def test_line_reader_measures_a_line_exactly_wherever_the_reads_cut_it(tmp_path, monkeypatch, read_bytes):
-    """A line of max_line_bytes is kept and one byte more is skipped, whether it spans reads or lies in one, and
-    whatever the read size (the validation's rule: both count the same bad lines)."""
+    """A line of max_line_bytes is kept and one byte more is skipped, wherever the reads cut it, and whatever
+    READ_BYTES says (a read larger than the cap is cut to it: only a line that spans reads can be over it). The
+    validation's rule: both count the same bad lines."""
     monkeypatch.setattr(transcode_arrow, "READ_BYTES", read_bytes)
     cap = 100
     at_cap, over = b"1," + b"2" * (cap - 2), b"3," + b"4" * (cap - 1)

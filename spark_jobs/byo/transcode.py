@@ -85,7 +85,7 @@ def parse_chunk(spark, spec, chunk, path: Path):
 
     lines, count = numbered_lines(spark, path)
     parts = F.split(F.col("value"), DELIMITER, -1)
-    # A line over MAX_LINE_BYTES is bad however its fields read: the validation and the arrow engine never hold it.
+    # A line over MAX_LINE_BYTES is bad however its fields read, as in the validation and the arrow engine.
     ok = (F.size(parts) == F.lit(len(chunk.features))) & (F.octet_length("value") <= F.lit(MAX_LINE_BYTES))
     columns = []
     for index, (feature, channel) in enumerate(zip(chunk.features, chunk.channels)):

@@ -17,7 +17,8 @@ import numpy as np
 from tasks.byo.spec import FLOAT16_MAX, MAPPINGS, NUMERICAL_CHANNEL, PATTERNS
 
 # A line longer than this (bytes, without its newline) is a bad row for the validation and for both transcode
-# engines, wherever it falls in their reads: the arrow engine and the validation never hold more than this of it.
+# engines, wherever it falls in their reads (the arrow engine never holds more than this of it, the validation no
+# more than one block).
 MAX_LINE_BYTES = 1 << 20
 
 
