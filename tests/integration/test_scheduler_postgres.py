@@ -42,6 +42,8 @@ TINY_MODEL = {"profile": "demo", "bottom_mlp": "32,16", "top_mlp": "64,32,1", "b
               "log_every_steps": 5, "frequency_threshold": 2, "min_auc": 0.60}
 BAD_DAY = 5  # a day whose rows break the contract beyond the budget
 BACKFILL_WINDOW = ("--dag-id", INGEST, "--from-date", "2026-01-01", "--to-date", "2026-01-04")  # days 0..3
+# The re-run's part of it (days 2..3): two cached runs show what four did, and days 0..1 show it touches nothing else.
+RERUN_WINDOW = ("--dag-id", INGEST, "--from-date", "2026-01-03", "--to-date", "2026-01-04")
 TERMINAL_TI = {"success", "failed", "skipped", "upstream_failed", "removed"}
 
 
@@ -251,12 +253,15 @@ def test_backfill_four_days(cluster, api, shared):
 
 
 def test_rerunning_the_backfill_is_cheap(cluster, api, shared):
-    # Same range, reprocessing completed runs: the runs are cleared and re-run (try 2); every step finds its
-    # manifest.
-    cluster.airflow("backfill", "create", *BACKFILL_WINDOW, "--reprocess-behavior", "completed")
+    # Part of the range, reprocessing completed runs: those runs are cleared and re-run (try 2); every step finds
+    # its manifest. The runs outside it are left as they were (try 1).
+    cluster.airflow("backfill", "create", *RERUN_WINDOW, "--reprocess-behavior", "completed")
     second = _wait_for_backfill(cluster, api, 2)
-    rerun = _backfill_runs(cluster, api)
-    assert [r["dag_run_id"] for r in rerun] == shared["backfill_run_ids"]
+    runs = _backfill_runs(cluster, api)
+    assert [r["dag_run_id"] for r in runs] == shared["backfill_run_ids"]
+    untouched, rerun = runs[:2], runs[2:]
+    for run in untouched:
+        assert {ti["try_number"] for ti in api.task_instances(INGEST, run["dag_run_id"])} == {1}, run["dag_run_id"]
     rerun_seconds = []
     for run in rerun:
         tis = {ti["task_id"]: ti for ti in api.task_instances(INGEST, run["dag_run_id"])}
