@@ -16,10 +16,11 @@ os.environ.setdefault("RECFLOW_RELEASE_MIN_VALUE", "0")
 os.environ.setdefault("RECFLOW_RELEASE_MAX_REGRESSION", "1")
 
 # Every JVM the tests start (spark-submit's launcher and driver, the shared SparkSession, the standalone cluster's
-# daemons and executors) runs jobs of a few thousand rows, so its CPU goes on start-up, mostly to the JIT's optimising
-# compiler. C1 alone and the serial collector cut a tiny spark-submit's CPU from ~11 to ~6.5 s and the Spark job
-# tests' CPU by 40% (75 -> 45 s, same results); on 2 cores shared by two lanes, CPU is the suite's time. Tests only:
-# a real job runs long enough for C2 to pay off. Each JVM prints "Picked up JAVA_TOOL_OPTIONS" on its stderr.
+# daemons and executors) runs jobs of a few thousand rows, so its CPU goes on start-up, nearly half of it to the
+# JIT's optimising compiler. C1 alone and the serial collector cut a tiny spark-submit's CPU from ~11 to ~6.5 s and
+# the Spark job tests' CPU by 40% (75 -> 45 s, same results); on 2 cores shared by two lanes, CPU is the suite's
+# time. Tests only: a real job runs long enough for C2 to pay off. Each JVM prints "Picked up JAVA_TOOL_OPTIONS" on
+# its stderr.
 os.environ.setdefault("JAVA_TOOL_OPTIONS", "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC")
 
 # 100 real Criteo rows (a copy of the team's shared/data/criteo_sample_100.tsv, so a clone alone runs the tests).
@@ -96,7 +97,7 @@ def spark():
 # `pytest` (no -n) is one lane.
 IO_LANE_DIRS = ("tests/integration/", "tests/browser/",
                 # three long e2e modules (Airflow in a child process, 2-3 min each) balance the lanes' times: in a
-                # fresh-clone run at 5bd0685 the other lane took 1,760 s against this one's 1,517 s (junit times)
+                # run at 5bd0685 the other lane took 1,760 s against this one's 1,517 s (junit times)
                 "tests/test_e2e_criteo_dlrm.py", "tests/test_e2e_criteo_ingest.py",
                 "tests/test_e2e_outbrain_wide_deep.py")
 

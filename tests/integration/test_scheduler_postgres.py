@@ -355,8 +355,9 @@ def test_marking_a_run_failed_stops_its_spark_job(cluster, api, shared):
 
 
 def test_triggered_training_with_conf_publishes(cluster, api):
-    # The form's engine overrides the deployment's spark pin: the Spark jobs under this scheduler are proven above
-    # (backfill, marking a run failed), and two spark-submits here would only add ~30 s.
+    # The form's engine overrides the deployment's spark pin. A Spark job under a scheduler is proven above (marking
+    # the retrain failed stops its dictionary job) and in test_scheduler_restart.py (day_stats' job); the dictionary
+    # and transform jobs themselves in tests/test_criteo_preprocess_spark.py. Two spark-submits here would add ~30 s.
     conf = {"train_days": "0-1", "test_day": 2, "engine": "arrow", **TINY_MODEL}
     run = api.trigger(DLRM, conf)
     run_id = run["dag_run_id"]

@@ -10,9 +10,10 @@ run every cluster job and none of the local ones, each executor holding the ship
 the driver at RECFLOW_SPARK_DRIVER_HOST. A last test starts a cluster whose worker cannot start: it fails at once
 with the worker's log, and the master is stopped.
 
-Each Spark job costs ~10-30 s of start-up on 2 cores: the module is ~3 min. One train day: a second one only adds a
-day_stats job on each side (2 of the 10 jobs) and a union that tests/test_criteo_preprocess_spark.py covers. Run with -s to see each job's time on
-either side (one `SPARK CLUSTER` JSON line); bench/cluster.py measures the fixed cost per job properly.
+Each Spark job costs ~10-30 s of start-up on 2 cores: the module is ~2-3 min. One train day: a second one only adds
+a day_stats job on each side (2 of the 10 jobs) and a union that tests/test_criteo_preprocess_spark.py covers. Run
+with -s to see each job's time on either side (one `SPARK CLUSTER` JSON line); bench/cluster.py measures the fixed
+cost per job properly.
 """
 
 from __future__ import annotations
