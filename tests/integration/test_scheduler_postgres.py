@@ -43,7 +43,8 @@ TINY_MODEL = {"profile": "demo", "bottom_mlp": "32,16", "top_mlp": "64,32,1", "b
 BAD_DAY = 5  # a day whose rows break the contract beyond the budget
 BACKFILL_WINDOW = ("--dag-id", INGEST, "--from-date", "2026-01-01", "--to-date", "2026-01-04")  # days 0..3
 # The re-run's part of it (days 2..3): two cached runs show what four did, and days 0..1 show it touches nothing else.
-RERUN_WINDOW = ("--dag-id", INGEST, "--from-date", "2026-01-03", "--to-date", "2026-01-04")
+RERUN_FROM = "2026-01-03"
+RERUN_WINDOW = ("--dag-id", INGEST, "--from-date", RERUN_FROM, "--to-date", "2026-01-04")
 TERMINAL_TI = {"success", "failed", "skipped", "upstream_failed", "removed"}
 
 
@@ -259,7 +260,9 @@ def test_rerunning_the_backfill_is_cheap(cluster, api, shared):
     second = _wait_for_backfill(cluster, api, 2)
     runs = _backfill_runs(cluster, api)
     assert [r["dag_run_id"] for r in runs] == shared["backfill_run_ids"]
-    untouched, rerun = runs[:2], runs[2:]
+    rerun = [r for r in runs if r["logical_date"][:10] >= RERUN_FROM]
+    untouched = [r for r in runs if r not in rerun]
+    assert len(rerun) == len(untouched) == 2
     for run in untouched:
         assert {ti["try_number"] for ti in api.task_instances(INGEST, run["dag_run_id"])} == {1}, run["dag_run_id"]
     rerun_seconds = []
