@@ -9,6 +9,13 @@ from tasks.core.job_main import configure_logging, run_job  # noqa: F401 - re-ex
 
 log = logging.getLogger("recflow.spark")
 
+# Java's `$` (and the RAPIDS Accelerator's, which follows it) also matches before one final line terminator. A line
+# split on `\n` can still hold these; no field pattern of a job accepts any of them, so a line holding one is refused
+# whole first, and the `$`-anchored field patterns then keep exactly the rows `\z` (end of input only) would, as
+# pyarrow's RE2 patterns do in the jobs' arrow peers. `\z` itself has no GPU implementation ("\z is not supported on
+# GPU"), which would keep a whole validation filter on the CPU.
+LINE_TERMINATORS = "[\r\u0085\u2028\u2029]"
+
 
 def spark_session(app_name: str):
     """The session of a spark-submit run (master and conf come from spark-submit; tests pass local[2])."""

@@ -21,12 +21,13 @@ import pytest
 import yaml
 
 from tasks.byo import transcode_arrow
-from tasks.byo.contract import MAX_LINE_BYTES
+from tasks.byo.contract import MAX_LINE_BYTES, stray_returns
 from tasks.byo.spec import csv_chunks, load_csv_spec
 from tasks.byo.synthetic import write_csvs
 from tasks.byo.transcode_arrow import LineReader, _exact_parse, _fast_parse
 from tasks.byo.validation import validate_csvs
 from tasks.core.storage import read_manifest
+from tasks.core.validation import line_bounds
 from tests.test_byo import small_csv_spec
 
 ROWS = {"train": 1500, "test": 700}
@@ -95,12 +96,15 @@ def _many_files_spec(folder: Path) -> Path:
 MIXED_BAD = {  # train line -> (chunk's column, value): every row rule, plus values the typed parser would accept
     3: (0, "nan"), 5: (0, "1e0001"), 8: (1, "-0"), 13: (1, "1234567890123456789"), 21: (2, "01"),
     34: (0, "65505"), 55: (0, ""), 89: (3, "4.5"), 144: (0, "+-1"), 233: (0, "."), 377: (1, "+3"),
+    700: (1, "4\r2"),  # a carriage return inside a line: pyarrow's CSV parser and Hadoop's default reader split there
 }
 MIXED_GOOD = {4: (0, "+1.5e+3"), 6: (0, "-0"), 9: (1, "007"), 10: (2, "1.0"), 12: (0, "65504"), 14: (0, "1.e2"),
               15: (1, "12.000"), 16: (0, "-.5"), 17: (0, "5."), 18: (0, "6.1E-005")}
 # train line -> its length in bytes: a valid row padded to the line cap (good) and one byte past it (bad, in the
 # validation and both engines, though every field matches its rule: no reader holds such a line).
 MIXED_LONG = {610: MAX_LINE_BYTES + 1, 987: MAX_LINE_BYTES}
+# train/part1.csv has CRLF line ends (its last line a lone '\r', no '\n'); this line of it one '\r' more (bad).
+MIXED_EXTRA_CR = 800
 
 
 def _mixed_spec(folder: Path) -> Path:
@@ -135,6 +139,9 @@ def _write_mixed(folder: Path, rows: dict[str, int], seed: int) -> None:
             part1[40] = ["5"]  # a short line in the other file of the mapping
         text0 = "".join(",".join(r) + "\n" for r in part0)
         text1 = "".join(",".join(r) + "\n" for r in part1).rstrip("\n")  # no newline after the last line
+        if mapping == "train":  # Windows line ends, read as '\n' by the validation and both engines
+            part1[MIXED_EXTRA_CR - 1][-1] += "\r"
+            text1 = "".join(",".join(r) + "\r\n" for r in part1)[:-1]
         (folder / mapping).mkdir(parents=True, exist_ok=True)
         if mapping == "train":
             (folder / "train" / "part0.csv").write_text(text0)
@@ -193,7 +200,7 @@ def engines(request, spark, tmp_path_factory):
 
 @pytest.mark.spark
 def test_arrow_engine_writes_sparks_bytes(engines):
-    kind, _, validated, spark_out, arrow_out = engines
+    kind, spec_path, validated, spark_out, arrow_out = engines
     spark_files, arrow_files = _outputs(spark_out), _outputs(arrow_out)
     assert sorted(arrow_files) == sorted(spark_files)
     assert [name for name in spark_files if arrow_files[name] != spark_files[name]] == []
@@ -205,9 +212,16 @@ def test_arrow_engine_writes_sparks_bytes(engines):
     assert ours["extra"]["dropped"] == validated["bad_rows"]
     if kind == "mixed":
         # every planted bad row, the short line and the over-long one, nothing else
-        assert validated["bad_rows"] == {"train": len(MIXED_BAD) + 1 + 1, "test": 0}
+        assert validated["bad_rows"] == {"train": len(MIXED_BAD) + 1 + 1 + 1, "test": 0}
         quarantined = [json.loads(line) for line in
                        (Path(validated["path"]) / "quarantine.jsonl").read_text().splitlines()]
+        returns = [(b["file"], b["line"], b["column"], b["reason"]) for b in quarantined if "carriage" in b["reason"]]
+        extra = (spec_path.parent / "train" / "part1.csv").read_bytes().split(b"\n")[MIXED_EXTRA_CR - 1]
+        assert extra.endswith(b"\r\r")
+        ends = r"holds a carriage return (\r) that does not end the line"
+        y = extra.split(b",")[1][:-2].decode()
+        assert returns == [("train/part0.csv", 700, 2, rf"value '4\x0d2' {ends}"),
+                           ("train/part1.csv", MIXED_EXTRA_CR, 2, rf"value '{y}\x0d' {ends}")]
         too_long = [(b["file"], b["line"], b["reason"]) for b in quarantined if "bytes is longer" in b["reason"]]
         assert too_long == [("train/part0.csv", 610, f"line of {MAX_LINE_BYTES + 1} bytes is longer than "
                                                       f"{MAX_LINE_BYTES}")]
@@ -242,6 +256,17 @@ def test_arrow_engine_alone_writes_the_double_rounded_bytes(tmp_path):
     planted = np.array([[float(v) for v in line.split(",")] for line in
                         (spec_path.parent / "test" / "numerical.bin").read_text().splitlines()])
     assert (tmp_path / "out" / "test" / "numerical.bin").read_bytes() == expected_float16(planted).tobytes()
+
+
+@pytest.mark.parametrize("block, stray", [
+    (b"1,2\n3,4\n", [-1, -1]),
+    (b"1,2\r\n3,4\r\n", [-1, -1]),       # CRLF line ends
+    (b"1,2\r\n3,4\r", [-1, -1]),         # a file's last line, its '\r' without '\n'
+    (b"\r\n1\r2\n", [-1, 3]),              # an empty CRLF line; a '\r' inside a line
+    (b"1,2\r\r\n\r3\n", [3, 6]),          # one '\r' before a CRLF; a line starting with '\r'
+])
+def test_stray_returns_are_those_that_do_not_end_a_line(block, stray):
+    assert stray_returns(block, line_bounds(np.frombuffer(block, np.uint8))[1]).tolist() == stray
 
 
 EDGE_VALUES = ["0", "7", "007", "-0", "+3", "-3", "1.0", "1.", ".5", "-.5", "+.5", "1e5", "1E-5", "1e+05", "1e0001",

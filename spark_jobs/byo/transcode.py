@@ -31,7 +31,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import asdict
 from pathlib import Path
 
-from spark_jobs.common import configure_logging, log, reuse_level, run_job, spark_session
+from spark_jobs.common import LINE_TERMINATORS, configure_logging, log, reuse_level, run_job, spark_session
 from tasks.byo.contract import MAX_LINE_BYTES, TranscodeResult, check_bad_rows
 from tasks.byo.contract import parse_transcode_args as parse_args
 from tasks.byo.spec import (CATEGORICAL_CHANNEL, DELIMITER, FLOAT16_MAX, MAPPINGS, NUMERICAL_CHANNEL,
@@ -64,7 +64,7 @@ def numbered_lines(spark, path: Path):
     split (its start, lines, first monotonically_increasing_id) is collected and turned into offsets."""
     from pyspark.sql import functions as F
 
-    lines = (spark.read.text(str(path)).withColumn("_block", F.input_file_block_start())
+    lines = (spark.read.option("lineSep", "\n").text(str(path)).withColumn("_block", F.input_file_block_start())
              .withColumn("_mid", F.monotonically_increasing_id()))
     splits = sorted((int(r["_block"]), int(r["n"]), int(r["first"])) for r in
                     lines.groupBy("_block").agg(F.count("*").alias("n"), F.min("_mid").alias("first")).collect())
@@ -84,9 +84,14 @@ def parse_chunk(spark, spec, chunk, path: Path):
     from pyspark.sql import functions as F
 
     lines, count = numbered_lines(spark, path)
-    parts = F.split(F.col("value"), DELIMITER, -1)
-    # A line over MAX_LINE_BYTES is bad however its fields read, as in the validation and the arrow engine.
-    ok = (F.size(parts) == F.lit(len(chunk.features))) & (F.octet_length("value") <= F.lit(MAX_LINE_BYTES))
+    # Lines end at '\n' (tasks.byo.contract.stray_returns): a CRLF's '\r' is cut off; any other '\r' (or a
+    # terminator Java's `$` would match before) refuses the row, as the validation and the arrow engine refuse it.
+    raw = F.col("value")
+    value = F.when(raw.endswith("\r"), F.expr("substring(value, 1, length(value) - 1)")).otherwise(raw)
+    parts = F.split(value, DELIMITER, -1)
+    # A line over MAX_LINE_BYTES (counted before its '\n') is bad however its fields read, as in the other two.
+    ok = ((F.size(parts) == F.lit(len(chunk.features))) & (F.octet_length(raw) <= F.lit(MAX_LINE_BYTES))
+          & ~value.rlike(LINE_TERMINATORS))
     columns = []
     for index, (feature, channel) in enumerate(zip(chunk.features, chunk.channels)):
         text = F.get(parts, index)  # null past the end (a short line), never an error

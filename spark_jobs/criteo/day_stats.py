@@ -29,11 +29,10 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from spark_jobs.common import configure_logging, log, run_job, spark_session
+from spark_jobs.common import LINE_TERMINATORS, configure_logging, log, run_job, spark_session
 from tasks.criteo.contract import COLUMNAR, COUNTS, ROW_ORDER
 from tasks.criteo.schema import CAT_COLUMNS, CAT_PATTERN, INT_COLUMNS, INT_PATTERN, LABEL, LABEL_PATTERN, RAW_COLUMNS
 from tasks.core.storage import Manifest, atomic_directory, write_manifest
-
 
 
 @dataclass(frozen=True)
@@ -44,11 +43,6 @@ class DayStatsResult:
     output: str
 
 
-# Java's `$` (and the RAPIDS Accelerator's, which follows it) also matches before one final line terminator. A line
-# split on `\n` can still hold these; no field pattern accepts any of them, so a line holding one is refused whole
-# first, and the `$`-anchored field patterns then keep exactly the rows `\z` (end of input only) would. `\z` itself
-# has no GPU implementation ("\z is not supported on GPU"), which kept the whole validation filter on the CPU.
-LINE_TERMINATORS = "[\r\u0085\u2028\u2029]"
 # Hadoop's LineRecordReader appends at most this many bytes of a line and skips a line that reaches it (the length
 # it compares counts the line's '\n'); Spark's text source hands read options to it through the Hadoop conf.
 _LINE_MAX_OPTION = "mapreduce.input.linerecordreader.line.maxlength"

@@ -20,6 +20,7 @@ from tasks.byo.spec import FLOAT16_MAX, MAPPINGS, NUMERICAL_CHANNEL, PATTERNS
 # engines, wherever it falls in their reads (the arrow engine never holds more than this of it, the validation no
 # more than one block).
 MAX_LINE_BYTES = 1 << 20
+_CR = ord("\r")
 
 
 @dataclass(frozen=True)
@@ -38,6 +39,22 @@ def open_csv(path: Path):
     import pyarrow as pa
 
     return pa.input_stream(str(path), compression="detect")
+
+
+def stray_returns(block: bytes, ends: np.ndarray) -> np.ndarray:
+    r"""Per line of a block (`ends`: its line_bounds' ends), the block offset of its first carriage return that does
+    not end the line, or -1. Lines end at '\n'; a '\r' right before it (or at the end of the block's last line) is
+    part of the line end, as pandas (NVIDIA's transcode) and Spark's default reader take CRLF files.
+    Any other '\r' breaks its row: pyarrow's CSV parser would start a new row at it, so such a line must never
+    reach parse_block. The line cap counts the bytes before '\n', a CRLF's '\r' with them."""
+    first = np.full(len(ends), -1, dtype=np.int64)
+    if b"\r" in block:  # a byte search: most files have none
+        returns = np.flatnonzero(np.frombuffer(block, np.uint8) == _CR)
+        lines = np.searchsorted(ends, returns)  # a line's end is its newline's offset (or the block's length)
+        stray = returns != ends[lines] - 1
+        held, index = np.unique(lines[stray], return_index=True)
+        first[held] = returns[stray][index]
+    return first
 
 
 def parse_block(data: bytes, names: tuple[str, ...]):

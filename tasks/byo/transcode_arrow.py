@@ -41,7 +41,7 @@ import pyarrow as pa
 import pyarrow.csv as pacsv
 
 from tasks.byo.contract import (MAX_LINE_BYTES, TranscodeResult, check_bad_rows, column_bad, open_csv,
-                                parse_block)
+                                parse_block, stray_returns)
 from tasks.byo.contract import parse_transcode_args as parse_args
 from tasks.byo.spec import (CATEGORICAL_CHANNEL, FLOAT16_MAX, LABEL_CHANNEL, MAPPINGS, NUMERICAL_CHANNEL,
                             CsvChunk, csv_chunks, declared_cardinalities, load_csv_spec, renamed_features,
@@ -249,7 +249,7 @@ def _exact_parse(chunk: CsvChunk, block: bytes, count: int) -> ParsedLines:
     arr = np.frombuffer(block, np.uint8)
     starts, ends = line_bounds(arr)
     commas = np.concatenate(([0], np.cumsum(arr == _COMMA)))
-    good = commas[ends] - commas[starts] + 1 == len(chunk.features)
+    good = (commas[ends] - commas[starts] + 1 == len(chunk.features)) & (stray_returns(block, ends) < 0)
     ok = good.copy()
     values = {f: np.zeros(count, np.float64) for f in chunk.features}
     rows = np.flatnonzero(good)
@@ -263,6 +263,12 @@ def _exact_parse(chunk: CsvChunk, block: bytes, count: int) -> ParsedLines:
 
 
 def parse_lines(chunk: CsvChunk, block: bytes, count: int) -> ParsedLines:
+    """`count` lines, each ending in '\n' (CRLF line ends too: without another '\r', the fast path reads them as LF)."""
+    if b"\r" in block:
+        lf = block.replace(b"\r\n", b"\n")
+        if b"\r" in lf:
+            return _exact_parse(chunk, block, count)
+        block = lf
     return _fast_parse(chunk, block, count) or _exact_parse(chunk, block, count)
 
 

@@ -26,6 +26,7 @@ import numpy as np
 from tasks.byo.contract import MAX_LINE_BYTES, open_csv
 from tasks.byo.contract import column_bad as _column_bad
 from tasks.byo.contract import parse_block as _parse_block
+from tasks.byo.contract import stray_returns
 from tasks.byo.spec import (CATEGORICAL_CHANNEL, FLOAT16_MAX, MAPPINGS, NUMERICAL_CHANNEL, PATTERNS,
                             RULE_TEXT, CsvChunk, csv_chunks, declared_cardinalities)
 from tasks.core.progress import ProgressLog
@@ -104,14 +105,21 @@ class _FileChecker:
         fields = commas[ends] - commas[starts] + 1
         expected = len(self.chunk.features)
         lengths = ends - starts
-        good = (fields == expected) & (lengths <= MAX_LINE_BYTES)  # a block holds lines up to its own size
+        returns = stray_returns(block, ends)
+        good = (fields == expected) & (lengths <= MAX_LINE_BYTES) & (returns < 0)  # lines up to the block's size
         for i in np.flatnonzero(~good):
             raw = block[starts[i]:ends[i]]
+            column = name = None
+            index = int(commas[returns[i]] - commas[starts[i]]) if returns[i] >= 0 else expected  # CR's field
             if lengths[i] > MAX_LINE_BYTES:
                 reason = _long_line_reason(int(lengths[i]))
+            elif index < expected:
+                column, name = index + 1, self.chunk.features[index]
+                value = raw.removesuffix(b"\r").split(b",")[index]  # without the line end's own '\r'
+                reason = f"value {quoted_value(value)} holds a carriage return (\\r) that does not end the line"
             else:
                 reason = f"{int(fields[i])} fields, expected {expected} ({', '.join(self.chunk.features)})"
-            self._bad(BadRow(first_line + int(i), None, None, reason, display_text(raw)))
+            self._bad(BadRow(first_line + int(i), column, name, reason, display_text(raw)))
         self.lines += len(starts)
         rows = np.flatnonzero(good)
         if not len(rows):
