@@ -15,6 +15,15 @@ log = logging.getLogger("recflow.spark")
 # pyarrow's RE2 patterns do in the jobs' arrow peers. `\z` itself has no GPU implementation ("\z is not supported on
 # GPU"), which would keep a whole validation filter on the CPU.
 LINE_TERMINATORS = "[\r\u0085\u2028\u2029]"
+# Hadoop's LineRecordReader appends at most this many bytes of a line and skips a line that reaches it (the length
+# it compares counts the line's '\n'); Spark's text source hands read options to it through the Hadoop conf.
+_LINE_MAX_OPTION = "mapreduce.input.linerecordreader.line.maxlength"
+
+
+def text_lines(spark, path: str, max_line_bytes: int):
+    """The file's lines split on '\n' (only: a '\r' stays in its line) as Spark's text reader gives them, each line
+    longer than `max_line_bytes` (without its '\n') skipped while reading, never held whole."""
+    return spark.read.option("lineSep", "\n").option(_LINE_MAX_OPTION, str(max_line_bytes + 2)).text(path)
 
 
 def spark_session(app_name: str):

@@ -185,7 +185,8 @@ def engines(request, spark, tmp_path_factory):
     spec_path = _source(request.param, folder / "source")
     validated = validate_csvs(load_csv_spec(spec_path), spec_path.parent, folder / "validated", inputs={},
                               budget=0.02)
-    args = ["--spec", str(spec_path), "--expected-bad-rows", json.dumps(validated["bad_rows"])]
+    args = ["--spec", str(spec_path), "--expected-bad-rows", json.dumps(validated["bad_rows"]),
+            "--expected-lines", json.dumps(validated["rows"])]
     spark_main([*args, "--output", str(folder / "spark")])
     patch = pytest.MonkeyPatch()
     patch.setattr(transcode_arrow, "STEP_ROWS", STEP)
@@ -225,6 +226,31 @@ def test_arrow_engine_writes_sparks_bytes(engines):
         too_long = [(b["file"], b["line"], b["reason"]) for b in quarantined if "bytes is longer" in b["reason"]]
         assert too_long == [("train/part0.csv", 610, f"line of {MAX_LINE_BYTES + 1} bytes is longer than "
                                                       f"{MAX_LINE_BYTES}")]
+
+
+@pytest.mark.spark
+@pytest.mark.parametrize("engines", ["mixed"], indirect=True)  # the spec with a line over the cap (train line 610)
+def test_a_line_the_spark_reader_skips_stops_it_naming_the_file_and_a_changed_file_stops_both(engines, monkeypatch,
+                                                                                           tmp_path):
+    from spark_jobs.byo import transcode as spark_transcode
+
+    _, spec_path, validated, _, _ = engines
+    args = ["--spec", str(spec_path), "--expected-bad-rows", json.dumps(validated["bad_rows"])]
+    lines = json.dumps(validated["rows"])
+    # The reader's cap lowered to the line cap: line 610 (MAX_LINE_BYTES + 1 bytes) is skipped, never read whole.
+    monkeypatch.setattr(spark_transcode, "READ_CAP_BYTES", MAX_LINE_BYTES)
+    with pytest.raises(ValueError, match=rf"^train/part0.csv: 1 line\(s\) longer than {MAX_LINE_BYTES} bytes skipped "
+                                         r"by the reader \(the validation counted 1500 lines, the reader 1499\);"):
+        spark_transcode.main([*args, "--expected-lines", lines, "--output", str(tmp_path / "spark")])
+    # Without the validation's counts the two files of the mapping disagree, and the error says why that can be.
+    with pytest.raises(ValueError, match=rf"different numbers of lines .* skips a line longer than {MAX_LINE_BYTES}"):
+        spark_transcode.main([*args, "--output", str(tmp_path / "spark")])
+    assert not (tmp_path / "spark").exists()
+    changed = json.dumps({**validated["rows"], "test": validated["rows"]["test"] + 1})
+    with pytest.raises(RuntimeError, match=r"source_spec.test: 700 lines read, but the validation counted 701: the "
+                                           "file changed after it was validated"):
+        transcode_arrow.main([*args, "--expected-lines", changed, "--output", str(tmp_path / "arrow")])
+    assert not (tmp_path / "arrow").exists()
 
 
 @pytest.mark.spark

@@ -2,12 +2,16 @@
 reference/nvidia-formats.md §6), with Spark reading the CSVs.
 
   spark-submit spark_jobs/byo/transcode.py --spec SOURCE/feature_spec.yaml --output DIR [--expected-bad-rows JSON]
+      [--expected-lines JSON]
 
 Semantics:
   * rows: line k of every chunk file of a mapping is row k (NVIDIA zips the files' readers). Each line gets its
     number from the file's byte splits (input_file_block_start + monotonically_increasing_id, made dense from a
     per-split count: one small row per split is collected, never the data), the chunks are joined on it and the
     output is written in line order;
+  * lines end at '\n' (a CRLF's '\r' is part of the line end; any other '\r' makes a bad row); a line longer than
+    READ_CAP_BYTES is skipped by the reader, never held whole, and --expected-lines (the validation's lines per
+    mapping) turns the gap it leaves into an error naming the file;
   * bad rows (tasks/byo/spec.py rules, the same the validation applies, and lines over
     tasks/byo/contract.py's MAX_LINE_BYTES) are dropped from every file of the mapping; --expected-bad-rows (the
     validation's count per mapping) makes a disagreement an error;
@@ -31,14 +35,18 @@ from collections.abc import Iterator, Sequence
 from dataclasses import asdict
 from pathlib import Path
 
-from spark_jobs.common import LINE_TERMINATORS, configure_logging, log, reuse_level, run_job, spark_session
-from tasks.byo.contract import MAX_LINE_BYTES, TranscodeResult, check_bad_rows
+from spark_jobs.common import LINE_TERMINATORS, configure_logging, log, reuse_level, run_job, spark_session, text_lines
+from tasks.byo.contract import MAX_LINE_BYTES, TranscodeResult, check_bad_rows, check_lines
 from tasks.byo.contract import parse_transcode_args as parse_args
 from tasks.byo.spec import (CATEGORICAL_CHANNEL, DELIMITER, FLOAT16_MAX, MAPPINGS, NUMERICAL_CHANNEL,
                             PATTERNS, csv_chunks, load_csv_spec, renamed_features, resolve_cardinalities)
 from tasks.core.progress import ProgressLog
 from tasks.core.storage import Manifest, atomic_directory, write_manifest
 
+# Hadoop's line reader skips a line longer than this as it reads (never holding more of it): a line over
+# MAX_LINE_BYTES up to this is read and dropped as a bad row, as the validation and the arrow engine drop it; a longer
+# one cannot be numbered, and --expected-lines turns it into a clear error (tasks.byo.contract.check_lines).
+READ_CAP_BYTES = 8 * MAX_LINE_BYTES
 LINE = "_line"
 OK = "_ok"
 PARQUET_TMP = "_parquet"
@@ -64,7 +72,7 @@ def numbered_lines(spark, path: Path):
     split (its start, lines, first monotonically_increasing_id) is collected and turned into offsets."""
     from pyspark.sql import functions as F
 
-    lines = (spark.read.option("lineSep", "\n").text(str(path)).withColumn("_block", F.input_file_block_start())
+    lines = (text_lines(spark, str(path), READ_CAP_BYTES).withColumn("_block", F.input_file_block_start())
              .withColumn("_mid", F.monotonically_increasing_id()))
     splits = sorted((int(r["_block"]), int(r["n"]), int(r["first"])) for r in
                     lines.groupBy("_block").agg(F.count("*").alias("n"), F.min("_mid").alias("first")).collect())
@@ -111,8 +119,9 @@ def parse_chunk(spark, spec, chunk, path: Path):
     return lines.select(F.col(LINE), ok.alias(f"{OK}{chunk.index}"), *columns), count
 
 
-def mapping_frame(spark, spec, source_dir: Path, mapping: str):
-    """Every chunk of a mapping joined on the line number, with OK = the row is good in every file."""
+def mapping_frame(spark, spec, source_dir: Path, mapping: str, expected_lines: str | None = None):
+    """Every chunk of a mapping joined on the line number, with OK = the row is good in every file.
+    `expected_lines`: --expected-lines (the validation's lines per mapping), checked against every file's count."""
     from pyspark.sql import functions as F
 
     frame, counts = None, {}
@@ -122,9 +131,10 @@ def mapping_frame(spark, spec, source_dir: Path, mapping: str):
             raise FileNotFoundError(f"{chunk.file}: file is missing ({path}); source_spec.{mapping} names it")
         part, counts[chunk.file] = parse_chunk(spark, spec, chunk, path)
         frame = part if frame is None else frame.join(part, on=LINE, how="inner")
+    check_lines(expected_lines, mapping, counts, skipped_over=READ_CAP_BYTES)
     if len(set(counts.values())) != 1:
         raise ValueError(f"source_spec.{mapping}: the files have different numbers of lines {counts}; line k of "
-                         "every file is row k")
+                         f"every file is row k (the reader skips a line longer than {READ_CAP_BYTES} bytes)")
     oks = [F.col(f"{OK}{chunk.index}") for chunk in csv_chunks(spec, mapping)]
     ok = oks[0]
     for other in oks[1:]:
@@ -198,7 +208,7 @@ def main(argv: Sequence[str]) -> TranscodeResult:
     label, numerical, categorical = column_names(spec)
     frames, lines, dropped, found = {}, {}, {}, {c: 0 for c in categorical}
     for mapping in MAPPINGS:
-        frame, lines[mapping] = mapping_frame(spark, spec, source_dir, mapping)
+        frame, lines[mapping] = mapping_frame(spark, spec, source_dir, mapping, args.expected_lines)
         # Parsed and joined once: the aggregate below and the write read the same rows (spilled to disk as needed).
         frames[mapping] = frame.persist(reuse_level(spark))
         dropped[mapping], ids = found_ids(frames[mapping], categorical)

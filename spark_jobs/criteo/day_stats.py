@@ -29,7 +29,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from spark_jobs.common import LINE_TERMINATORS, configure_logging, log, run_job, spark_session
+from spark_jobs.common import LINE_TERMINATORS, configure_logging, log, run_job, spark_session, text_lines
 from tasks.criteo.contract import COLUMNAR, COUNTS, ROW_ORDER
 from tasks.criteo.schema import CAT_COLUMNS, CAT_PATTERN, INT_COLUMNS, INT_PATTERN, LABEL, LABEL_PATTERN, RAW_COLUMNS
 from tasks.core.storage import Manifest, atomic_directory, write_manifest
@@ -43,11 +43,6 @@ class DayStatsResult:
     output: str
 
 
-# Hadoop's LineRecordReader appends at most this many bytes of a line and skips a line that reaches it (the length
-# it compares counts the line's '\n'); Spark's text source hands read options to it through the Hadoop conf.
-_LINE_MAX_OPTION = "mapreduce.input.linerecordreader.line.maxlength"
-
-
 def raw_lines(spark, path: str, max_line_bytes: int | None = None):
     """The file's lines split on '\n' as Spark's text reader gives them, lines longer than `max_line_bytes` (None:
     RECFLOW_MAX_LINE_BYTES) skipped while reading, never held whole."""
@@ -55,7 +50,7 @@ def raw_lines(spark, path: str, max_line_bytes: int | None = None):
         from tasks.core.config import load_settings
 
         max_line_bytes = load_settings().max_line_bytes
-    return (spark.read.option("lineSep", "\n").option(_LINE_MAX_OPTION, str(max_line_bytes + 2)).text(path))
+    return text_lines(spark, path, max_line_bytes)
 
 
 def typed_rows(spark, path: str, max_line_bytes: int | None = None):

@@ -101,6 +101,26 @@ def check_bad_rows(expected_json: str | None, dropped: dict[str, int]) -> None:
                            "disagree on the row rules")
 
 
+def check_lines(expected_json: str | None, mapping: str, counts: dict[str, int], skipped_over: int | None = None
+                ) -> None:
+    """Every file of the mapping (`counts`: file -> lines read) must hold the lines the validation counted
+    (--expected-lines, per mapping). `skipped_over`: the reader's own line cap (bytes), when it skips longer lines."""
+    expected = json.loads(expected_json) if expected_json else {}
+    if mapping not in expected:
+        return
+    want = int(expected[mapping])
+    for name, lines in counts.items():
+        if lines < want and skipped_over is not None:
+            raise ValueError(f"{name}: {want - lines} line(s) longer than {skipped_over} bytes skipped by the reader "
+                             f"(the validation counted {want} lines, the reader {lines}); the Spark engine holds a "
+                             "line whole and cannot number the rows after a skipped one: remove such lines (the "
+                             "validation's quarantine.jsonl names every line over "
+                             f"{MAX_LINE_BYTES} bytes) or transcode with engine=arrow, which streams them")
+        if lines != want:
+            raise RuntimeError(f"{name}: {lines} lines read, but the validation counted {want}: the file changed "
+                               "after it was validated")
+
+
 def parse_transcode_args(argv: Sequence[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description="CSV files + CSV FeatureSpec -> split-binary train/test + spec")
     parser.add_argument("--spec", required=True, type=Path, help="the CSV FeatureSpec yaml (paths relative to it)")
@@ -108,5 +128,7 @@ def parse_transcode_args(argv: Sequence[str]) -> argparse.Namespace:
     parser.add_argument("--output", required=True, type=Path, help="dataset directory (replaced atomically)")
     parser.add_argument("--expected-bad-rows", default=None,
                         help="JSON {mapping: bad rows} from the validation; a different count is an error")
+    parser.add_argument("--expected-lines", default=None,
+                        help="JSON {mapping: lines} from the validation; a file holding another count is an error")
     parser.add_argument("--inputs-json", default="{}", help="what identifies this work, recorded in the manifest")
     return parser.parse_args(argv)

@@ -172,7 +172,8 @@ def transcode(settings: Settings, run_id: str, *, spark_master: str = "local[*]"
         profile = spark_profile or settings.spark_profile
         chosen = transcode_engine(engine, spark_master, profile)
         args = ["--spec", str(paths.source / SPEC_FILE), "--output", str(paths.dataset),
-                "--expected-bad-rows", json.dumps(validated["extra"]["bad_rows"]), "--inputs-json", json.dumps(inputs)]
+                "--expected-bad-rows", json.dumps(validated["extra"]["bad_rows"]),
+                "--expected-lines", json.dumps(validated["rows"]), "--inputs-json", json.dumps(inputs)]
         if chosen == "arrow":
             from tasks.byo.transcode_arrow import main as transcode_here
 

@@ -40,8 +40,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.csv as pacsv
 
-from tasks.byo.contract import (MAX_LINE_BYTES, TranscodeResult, check_bad_rows, column_bad, open_csv,
-                                parse_block, stray_returns)
+from tasks.byo.contract import (MAX_LINE_BYTES, TranscodeResult, check_bad_rows, check_lines, column_bad,
+                                open_csv, parse_block, stray_returns)
 from tasks.byo.contract import parse_transcode_args as parse_args
 from tasks.byo.spec import (CATEGORICAL_CHANNEL, FLOAT16_MAX, LABEL_CHANNEL, MAPPINGS, NUMERICAL_CHANNEL,
                             CsvChunk, csv_chunks, declared_cardinalities, load_csv_spec, renamed_features,
@@ -429,6 +429,8 @@ def main(argv: Sequence[str]) -> TranscodeResult:
         lines = {m: c.lines for m, c in counts.items()}
         dropped = {m: c.bad for m, c in counts.items()}
         log.info("lines %s, bad rows dropped %s", lines, dropped)
+        for mapping in MAPPINGS:  # the files of a mapping agree (_read_step): one count stands for them all
+            check_lines(args.expected_lines, mapping, {f"source_spec.{mapping}": lines[mapping]})
         check_bad_rows(args.expected_bad_rows, dropped)
         if not one_pass:
             cardinalities = resolve_cardinalities(spec, {name: found + 1 for name, found in max_ids.items()})
