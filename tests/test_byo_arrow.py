@@ -360,6 +360,25 @@ def test_files_of_different_lengths_fail_naming_the_counts(tmp_path):
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.parametrize("damage", ["truncated", "not_compressed"])
+def test_a_damaged_compressed_file_fails_in_one_line_naming_it(damage, tmp_path):
+    """The mixed spec's test mapping is gzipped: part1.csv.gz cut short, or plain text under a .gz name."""
+    from tasks.core.validation import DataQualityError
+
+    spec_path = _source("mixed", tmp_path / "source")
+    damaged = tmp_path / "source" / "test" / "part1.csv.gz"
+    data = damaged.read_bytes()
+    damaged.write_bytes(data[: len(data) // 2] if damage == "truncated" else gzip.decompress(data))
+    reason = "Truncated compressed stream" if damage == "truncated" else "zlib inflate failed: incorrect header check"
+    expected = rf"^test/part1.csv.gz: cannot be decompressed after [0-9,]+ bytes \({reason}\): the file is truncated or"
+    with pytest.raises(DataQualityError, match=expected):
+        validate_csvs(load_csv_spec(spec_path), spec_path.parent, tmp_path / "validated", inputs={}, budget=0.02)
+    assert not (tmp_path / "validated").exists()
+    with pytest.raises(DataQualityError, match=expected):
+        transcode_arrow.main(["--spec", str(spec_path), "--output", str(tmp_path / "out")])
+    assert not (tmp_path / "out").exists()
+
+
 @pytest.mark.parametrize("kind", ["many_files", "small_csv"])  # one pass, spilled
 def test_an_under_declared_cardinality_fails_naming_the_feature_and_writes_nothing(kind, tmp_path):
     from tasks.formats.feature_spec import FeatureSpecError

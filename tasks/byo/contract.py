@@ -33,12 +33,45 @@ class TranscodeResult:
     features: dict[str, str] = field(default_factory=dict)  # input name -> output name
 
 
-def open_csv(path: Path):
+COMPRESSED_SUFFIXES = (".gz", ".bz2", ".lz4", ".zst")
+
+
+def open_csv(path: Path, name: str | None = None):
     """A CSV file as a binary stream, decompressed while read when its name says so (.gz; also .bz2, .lz4, .zst:
-    pyarrow's detection by extension, as the transcode reads it)."""
+    pyarrow's detection by extension, as the transcode reads it). A compressed file that cannot be decompressed
+    (truncated, damaged, or not compressed at all) raises DataQualityError naming it (`name`, else the path)."""
     import pyarrow as pa
 
-    return pa.input_stream(str(path), compression="detect")
+    stream = pa.input_stream(str(path), compression="detect")
+    return _Decompressing(stream, name or str(path)) if path.name.endswith(COMPRESSED_SUFFIXES) else stream
+
+
+class _Decompressing:
+    """A decompressing stream whose read errors say which file and where, in one line (pyarrow's own error names
+    neither: 'Truncated compressed stream', 'zlib inflate failed: incorrect header check')."""
+
+    def __init__(self, stream, name: str) -> None:
+        self.stream, self.name, self.offset = stream, name, 0
+
+    def read(self, n: int) -> bytes:
+        try:
+            data = self.stream.read(n)
+        except OSError as exc:
+            from tasks.core.validation import DataQualityError
+
+            raise DataQualityError(f"{self.name}: cannot be decompressed after {self.offset:,} bytes ({exc}): the file "
+                                   "is truncated or damaged, or not compressed as its name says") from None
+        self.offset += len(data)
+        return data
+
+    def close(self) -> None:
+        self.stream.close()
+
+    def __enter__(self) -> _Decompressing:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
 
 def stray_returns(block: bytes, ends: np.ndarray) -> np.ndarray:

@@ -71,10 +71,10 @@ class LineReader:
     rule). Reads are at most max_line_bytes, so only a line that spans reads can be too long, and it is measured
     exactly wherever the reads cut it: the validation's rule (tasks/byo/validation.py)."""
 
-    def __init__(self, path: Path, max_line_bytes: int = MAX_LINE_BYTES) -> None:
+    def __init__(self, path: Path, max_line_bytes: int = MAX_LINE_BYTES, name: str | None = None) -> None:
         self.path, self.max_line_bytes = path, max_line_bytes
         self.read_bytes = min(READ_BYTES, max_line_bytes)
-        self.stream = open_csv(path)
+        self.stream = open_csv(path, name)
         self.parts: list[bytes] = []   # whole lines read and not taken yet, in order
         self.counts: list[int] = []    # lines in each part
         self.tail = b""                # the start of a line whose end is not read yet
@@ -296,7 +296,7 @@ def good_rows(spec, source_dir: Path, mapping: str, counts: MappingCounts, max_i
     categorical = spec.channel_spec[CATEGORICAL_CHANNEL]
     label = spec.channel_spec[LABEL_CHANNEL][0]
     progress = ProgressLog(f"{mapping}: reading CSV lines", every_s=30.0, logger=log)
-    readers = [LineReader(source_dir / chunk.file) for chunk in chunks]
+    readers = [LineReader(source_dir / chunk.file, name=chunk.file) for chunk in chunks]
     # One step ahead: a single thread reads and parses step k+1 (its files in `pool`) while the caller consumes
     # step k, so the split-binary write overlaps the parsing (memory: two steps instead of one).
     ahead = ThreadPoolExecutor(1, thread_name_prefix=f"byo-{mapping}-step")

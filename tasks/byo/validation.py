@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from tasks.byo.contract import MAX_LINE_BYTES, open_csv
+from tasks.byo.contract import COMPRESSED_SUFFIXES, MAX_LINE_BYTES, open_csv
 from tasks.byo.contract import column_bad as _column_bad
 from tasks.byo.contract import parse_block as _parse_block
 from tasks.byo.contract import stray_returns
@@ -42,7 +42,6 @@ EVIDENCE_ROWS = 2_000   # first rows of each file handed to GX
 PROGRESS_EVERY_S = 10.0
 FIELD_COUNT = "field_count"
 _COMMA = ord(",")
-COMPRESSED_SUFFIXES = (".gz", ".bz2", ".lz4", ".zst")
 
 
 @dataclass
@@ -83,7 +82,8 @@ class _FileChecker:
         self.bad_lines: set[int] = set()
 
     def run(self, block_bytes: int, progress: ProgressLog) -> FileResult:
-        for first_line, block, skipped in iter_line_blocks(self.path, block_bytes, MAX_LINE_BYTES, open_csv):
+        opener = functools.partial(open_csv, name=self.name)
+        for first_line, block, skipped in iter_line_blocks(self.path, block_bytes, MAX_LINE_BYTES, opener):
             for long in skipped:
                 self._bad(BadRow(long.line, None, None, _long_line_reason(long.length), display_text(long.head)))
             self.lines += len(skipped)
