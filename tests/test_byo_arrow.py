@@ -97,6 +97,8 @@ MIXED_BAD = {  # train line -> (chunk's column, value): every row rule, plus val
     3: (0, "nan"), 5: (0, "1e0001"), 8: (1, "-0"), 13: (1, "1234567890123456789"), 21: (2, "01"),
     34: (0, "65505"), 55: (0, ""), 89: (3, "4.5"), 144: (0, "+-1"), 233: (0, "."), 377: (1, "+3"),
     700: (1, "4\r2"),  # a carriage return inside a line: pyarrow's CSV parser and Hadoop's default reader split there
+    702: (3, "\udcff7"),  # byte 0xff (written with surrogateescape): invalid UTF-8, which stops pyarrow's CSV parser
+    703: (1, "\u0663"),  # ARABIC-INDIC DIGIT THREE: valid UTF-8, a digit to Python's \d, not to [0-9]
 }
 MIXED_GOOD = {4: (0, "+1.5e+3"), 6: (0, "-0"), 9: (1, "007"), 10: (2, "1.0"), 12: (0, "65504"), 14: (0, "1.e2"),
               15: (1, "12.000"), 16: (0, "-.5"), 17: (0, "5."), 18: (0, "6.1E-005")}
@@ -144,7 +146,7 @@ def _write_mixed(folder: Path, rows: dict[str, int], seed: int) -> None:
             text1 = "".join(",".join(r) + "\r\n" for r in part1)[:-1]
         (folder / mapping).mkdir(parents=True, exist_ok=True)
         if mapping == "train":
-            (folder / "train" / "part0.csv").write_text(text0)
+            (folder / "train" / "part0.csv").write_bytes(text0.encode("utf-8", "surrogateescape"))
             (folder / "train" / "part1.csv").write_text(text1)
         else:
             (folder / "test" / "part0.csv.gz").write_bytes(gzip.compress(text0.encode()))
@@ -223,6 +225,9 @@ def test_arrow_engine_writes_sparks_bytes(engines):
         y = extra.split(b",")[1][:-2].decode()
         assert returns == [("train/part0.csv", 700, 2, rf"value '4\x0d2' {ends}"),
                            ("train/part1.csv", MIXED_EXTRA_CR, 2, rf"value '{y}\x0d' {ends}")]
+        outside_ascii = [(b["line"], b["column"], b["reason"]) for b in quarantined if b["line"] in (702, 703)]
+        assert outside_ascii == [(702, 4, r"value '\xff7' is not a non-negative integer id"),
+                                 (703, 2, "value '\u0663' is not a non-negative integer id")]
         too_long = [(b["file"], b["line"], b["reason"]) for b in quarantined if "bytes is longer" in b["reason"]]
         assert too_long == [("train/part0.csv", 610, f"line of {MAX_LINE_BYTES + 1} bytes is longer than "
                                                       f"{MAX_LINE_BYTES}")]

@@ -90,13 +90,19 @@ def stray_returns(block: bytes, ends: np.ndarray) -> np.ndarray:
     return first
 
 
+# Every byte outside ASCII read as DEL (0x7f): no row rule accepts either (every rule is ASCII), so the field holding
+# one is bad as it was, and pyarrow's CSV parser, which stops at invalid UTF-8 in a string column, never sees it.
+_ASCII_ONLY = bytes(range(128)) + b"\x7f" * 128
+
+
 def parse_block(data: bytes, names: tuple[str, ...]):
-    """The lines of `data` (each with the right field count) as a table of strings, one column per feature."""
+    """The lines of `data` (each with the right field count) as a table of strings, one column per feature; a byte
+    outside ASCII reads as DEL (the caller shows a bad value from the line's own bytes)."""
     import pyarrow as pa
     import pyarrow.csv as pacsv
 
     return pacsv.read_csv(
-        pa.py_buffer(data),
+        pa.py_buffer(data if data.isascii() else data.translate(_ASCII_ONLY)),
         read_options=pacsv.ReadOptions(column_names=list(names), block_size=max(1 << 20, len(data) + 1)),
         parse_options=pacsv.ParseOptions(delimiter=",", quote_char=False, escape_char=False,
                                           ignore_empty_lines=False),

@@ -139,12 +139,12 @@ class _FileChecker:
         for row in np.flatnonzero(bad_columns.any(axis=1)):
             index = int(np.argmax(bad_columns[row]))
             name, channel = self.chunk.features[index], self.chunk.channels[index]
-            value = table.column(index)[int(row)].as_py()
+            raw = block[starts[rows[row]]:ends[rows[row]]]
+            value = raw.removesuffix(b"\r").split(b",")[index]  # the line's own bytes (parse_block's are ASCII)
             reason = RULE_TEXT[channel] if channel != NUMERICAL_CHANNEL or not _is_number(value) else \
                 f"is beyond float16's range (+-{FLOAT16_MAX:g})"
-            raw = block[starts[rows[row]]:ends[rows[row]]]
             self._bad(BadRow(first_line + int(rows[row]), index + 1, name,
-                             f"value {quoted_value(value.encode())} {reason}", display_text(raw)))
+                             f"value {quoted_value(value)} {reason}", display_text(raw)))
 
     def _check_ids(self, first_line: int, rows: np.ndarray, index: int, name: str, values: np.ndarray,
                    bad: np.ndarray, column) -> None:
@@ -165,10 +165,10 @@ def _long_line_reason(length: int) -> str:
     return f"line of {length} bytes is longer than {MAX_LINE_BYTES}"
 
 
-def _is_number(text: str) -> bool:
+def _is_number(value: bytes) -> bool:
     import re
 
-    return re.match(PATTERNS[NUMERICAL_CHANNEL], text) is not None
+    return value.isascii() and re.match(PATTERNS[NUMERICAL_CHANNEL], value.decode("ascii")) is not None
 
 
 def validate_csvs(spec: FeatureSpec, source_dir: Path, out: Path, *, inputs: dict[str, Any], budget: float,
