@@ -42,9 +42,9 @@ def edit_line(settings: Settings, name: str, line: int, text: str) -> None:
 
     folder = layout.source_dir(settings.data_root)
     path = folder / f"{name}.csv"
-    lines = path.read_text().split("\n")
-    lines[line - 1] = text
-    path.write_text("\n".join(lines))
+    lines = path.read_bytes().split(b"\n")
+    lines[line - 1] = text.encode("utf-8", "surrogateescape")  # "\udcff": the byte 0xff, invalid UTF-8
+    path.write_bytes(b"\n".join(lines))
     sums = folder / "SHA256SUMS"
     digest = hashlib.sha256(path.read_bytes()).hexdigest()
     sums.write_text("".join(f"{digest}  {path.name}\n" if row.endswith(f"  {path.name}") else row + "\n"
@@ -194,11 +194,13 @@ def test_a_good_snapshot_validates_to_typed_parquet_per_file_and_is_cached(setti
 def test_bad_rows_within_budget_are_quarantined_with_file_line_and_column(settings: Settings) -> None:
     source(settings)
     edit_line(settings, "events", 5, "4,abcdef01234567,x9,100,1,US")
+    edit_line(settings, "events", 6, "5,abcdef01234567,9,100,1,US>\udcff")  # invalid UTF-8 in a string column
     edit_line(settings, "documents_meta", 3, "2,7,7,2016-13-01 00:00:00")
     result = ingest(settings, budget=0.05)
-    assert result["bad_rows"] == 2
+    assert result["bad_rows"] == 3
     rows = [(q["file"], q["line"], q["column_name"], q["reason"]) for q in quarantined(settings)]
     assert rows == [("events.csv", 5, "document_id", "'x9' is not an integer"),
+                    ("events.csv", 6, "geo_location", r"'US>\xff' is not a location like US>SC>519, US>SC, US or --"),
                     ("documents_meta.csv", 3, "publish_time", "'2016-13-01 00:00:00' is not a real date and time")]
 
 

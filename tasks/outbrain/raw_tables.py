@@ -76,8 +76,8 @@ def _parse(text, column: Column, usable):
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    if column.arrow_type == "string":
-        return text.cast(pa.string()), None
+    if column.arrow_type == "string":  # only matched (ASCII) values cast: invalid UTF-8 elsewhere would fail it
+        return pc.if_else(usable, text, pa.scalar(b"")).cast(pa.string()), None
     if column.arrow_type == "timestamp":
         parsed = pc.strptime(pc.if_else(usable, text, pa.scalar(b"2016-01-01 00:00:00")).cast(pa.string()),
                              format=PUBLISH_TIME_FORMAT, unit="s", error_is_null=True)
