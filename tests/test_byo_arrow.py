@@ -144,6 +144,8 @@ def _write_mixed(folder: Path, rows: dict[str, int], seed: int) -> None:
         if mapping == "train":  # Windows line ends, read as '\n' by the validation and both engines
             part1[MIXED_EXTRA_CR - 1][-1] += "\r"
             text1 = "".join(",".join(r) + "\r\n" for r in part1)[:-1]
+        # A UTF-8 byte-order mark starts part0 of train (plain) and part1 of test (gzipped): not data, for all three.
+        text0, text1 = ("\ufeff" + text0, text1) if mapping == "train" else (text0, "\ufeff" + text1)
         (folder / mapping).mkdir(parents=True, exist_ok=True)
         if mapping == "train":
             (folder / "train" / "part0.csv").write_bytes(text0.encode("utf-8", "surrogateescape"))

@@ -34,40 +34,48 @@ class TranscodeResult:
 
 
 COMPRESSED_SUFFIXES = (".gz", ".bz2", ".lz4", ".zst")
+UTF8_BOM = b"\xef\xbb\xbf"
 
 
-def open_csv(path: Path, name: str | None = None):
+def open_csv(path: Path, name: str | None = None) -> CsvStream:
     """A CSV file as a binary stream, decompressed while read when its name says so (.gz; also .bz2, .lz4, .zst:
-    pyarrow's detection by extension, as the transcode reads it). A compressed file that cannot be decompressed
-    (truncated, damaged, or not compressed at all) raises DataQualityError naming it (`name`, else the path)."""
+    pyarrow's detection by extension, as the transcode reads it)."""
     import pyarrow as pa
 
-    stream = pa.input_stream(str(path), compression="detect")
-    return _Decompressing(stream, name or str(path)) if path.name.endswith(COMPRESSED_SUFFIXES) else stream
+    return CsvStream(pa.input_stream(str(path), compression="detect"), name or str(path),
+                     path.name.endswith(COMPRESSED_SUFFIXES))
 
 
-class _Decompressing:
-    """A decompressing stream whose read errors say which file and where, in one line (pyarrow's own error names
-    neither: 'Truncated compressed stream', 'zlib inflate failed: incorrect header check')."""
+class CsvStream:
+    """read(n) over a CSV file as the row rules see it. A UTF-8 byte-order mark that starts the file is not data: it
+    is dropped, as pandas (NVIDIA's transcoder) and Hadoop's line reader (the Spark engine) drop it. A compressed file
+    that cannot be decompressed (truncated, damaged, or not compressed at all) raises DataQualityError naming the
+    file and where, in one line (pyarrow's own error names neither: 'Truncated compressed stream'). Reads are
+    large (a block, or 1 MiB): the first one holds the whole mark when there is one."""
 
-    def __init__(self, stream, name: str) -> None:
-        self.stream, self.name, self.offset = stream, name, 0
+    def __init__(self, stream, name: str, compressed: bool) -> None:
+        self.stream, self.name, self.compressed = stream, name, compressed
+        self.offset = 0
 
     def read(self, n: int) -> bytes:
         try:
             data = self.stream.read(n)
         except OSError as exc:
+            if not self.compressed:
+                raise
             from tasks.core.validation import DataQualityError
 
             raise DataQualityError(f"{self.name}: cannot be decompressed after {self.offset:,} bytes ({exc}): the file "
                                    "is truncated or damaged, or not compressed as its name says") from None
+        if self.offset == 0 and data.startswith(UTF8_BOM):
+            data, self.offset = data[len(UTF8_BOM):], len(UTF8_BOM)
         self.offset += len(data)
         return data
 
     def close(self) -> None:
         self.stream.close()
 
-    def __enter__(self) -> _Decompressing:
+    def __enter__(self) -> CsvStream:
         return self
 
     def __exit__(self, *exc) -> None:
