@@ -49,14 +49,14 @@ class BadRow:
     line: int
     column: int | None        # 1-based field, None for the whole line (field count, line length)
     column_name: str | None
-    reason: str
+    reason: str               # what is wrong, with the value: "value 'x7' is not a non-negative integer id"
+    rule: str                 # the same without the value or a count, what the report counts
     text: str
 
     @property
     def kind(self) -> str:
-        if self.column_name is None:
-            return self.reason.split(" (", 1)[0].split(" ", 1)[-1]  # "fields, expected 3" without the count
-        return f"{self.column_name}: {self.reason.split(' ', 2)[-1]}"  # the rule without the value
+        """What the report counts bad rows by: one key per rule (and column), whatever the values were."""
+        return self.rule if self.column_name is None else f"{self.column_name}: {self.rule}"
 
     def describe(self, file_name: str) -> str:
         where = f" column {self.column} ({self.column_name})" if self.column else ""
@@ -85,7 +85,8 @@ class _FileChecker:
         opener = functools.partial(open_csv, name=self.name)
         for first_line, block, skipped in iter_line_blocks(self.path, block_bytes, MAX_LINE_BYTES, opener):
             for long in skipped:
-                self._bad(BadRow(long.line, None, None, _long_line_reason(long.length), display_text(long.head)))
+                self._bad(BadRow(long.line, None, None, _long_line_reason(long.length), LONG_LINE_RULE,
+                                 display_text(long.head)))
             self.lines += len(skipped)
             if block:
                 self._check_block(first_line + len(skipped), block)
@@ -112,14 +113,16 @@ class _FileChecker:
             column = name = None
             index = int(commas[returns[i]] - commas[starts[i]]) if returns[i] >= 0 else expected  # CR's field
             if lengths[i] > MAX_LINE_BYTES:
-                reason = _long_line_reason(int(lengths[i]))
+                reason, rule = _long_line_reason(int(lengths[i])), LONG_LINE_RULE
             elif index < expected:
                 column, name = index + 1, self.chunk.features[index]
                 value = raw.removesuffix(b"\r").split(b",")[index]  # without the line end's own '\r'
-                reason = f"value {quoted_value(value)} holds a carriage return (\\r) that does not end the line"
+                rule = "holds a carriage return (\\r) that does not end the line"
+                reason = f"value {quoted_value(value)} {rule}"
             else:
-                reason = f"{int(fields[i])} fields, expected {expected} ({', '.join(self.chunk.features)})"
-            self._bad(BadRow(first_line + int(i), column, name, reason, display_text(raw)))
+                rule = f"fields, expected {expected}"
+                reason = f"{int(fields[i])} {rule} ({', '.join(self.chunk.features)})"
+            self._bad(BadRow(first_line + int(i), column, name, reason, rule, display_text(raw)))
         self.lines += len(starts)
         rows = np.flatnonzero(good)
         if not len(rows):
@@ -144,7 +147,7 @@ class _FileChecker:
             reason = RULE_TEXT[channel] if channel != NUMERICAL_CHANNEL or not _is_number(value) else \
                 f"is beyond float16's range (+-{FLOAT16_MAX:g})"
             self._bad(BadRow(first_line + int(rows[row]), index + 1, name,
-                             f"value {quoted_value(value)} {reason}", display_text(raw)))
+                             f"value {quoted_value(value)} {reason}", reason, display_text(raw)))
 
     def _check_ids(self, first_line: int, rows: np.ndarray, index: int, name: str, values: np.ndarray,
                    bad: np.ndarray, column) -> None:
@@ -159,6 +162,9 @@ class _FileChecker:
             raise DataQualityError(f"{self.name} line {first_line + int(rows[row])} column {index + 1} ({name}): id "
                                    f"{column[row].as_py()} >= declared cardinality {card} (declare a larger "
                                    "cardinality or 'auto')")
+
+
+LONG_LINE_RULE = f"line longer than {MAX_LINE_BYTES} bytes"
 
 
 def _long_line_reason(length: int) -> str:
