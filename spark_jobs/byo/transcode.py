@@ -95,7 +95,7 @@ def parse_chunk(spark, spec, chunk, path: Path):
     # Lines end at '\n' (tasks.byo.contract.stray_returns): a CRLF's '\r' is cut off; any other '\r' (or a
     # terminator Java's `$` would match before) refuses the row, as the validation and the arrow engine refuse it.
     raw = F.col("value")
-    value = F.when(raw.endswith("\r"), F.expr("substring(value, 1, length(value) - 1)")).otherwise(raw)
+    value = F.when(raw.endswith("\r"), raw.substr(F.lit(1), F.length(raw) - F.lit(1))).otherwise(raw)
     parts = F.split(value, DELIMITER, -1)
     # A line over MAX_LINE_BYTES (counted before its '\n') is bad however its fields read, as in the other two.
     ok = ((F.size(parts) == F.lit(len(chunk.features))) & (F.octet_length(raw) <= F.lit(MAX_LINE_BYTES))

@@ -15,12 +15,13 @@ from pathlib import Path
 import numpy as np
 
 from tasks.byo.spec import FLOAT16_MAX, MAPPINGS, NUMERICAL_CHANNEL, PATTERNS
+from tasks.core.validation import keep_lines, line_bounds
 
 # A line longer than this (bytes, without its newline) is a bad row for the validation and for both transcode
 # engines, wherever it falls in their reads (the arrow engine never holds more than this of it, the validation no
 # more than one block).
 MAX_LINE_BYTES = 1 << 20
-_CR = ord("\r")
+_CR, _COMMA = ord("\r"), ord(",")
 
 
 @dataclass(frozen=True)
@@ -96,6 +97,38 @@ def stray_returns(block: bytes, ends: np.ndarray) -> np.ndarray:
         held, index = np.unique(lines[stray], return_index=True)
         first[held] = returns[stray][index]
     return first
+
+
+@dataclass(frozen=True)
+class BlockLines:
+    """The lines of a block of CSV bytes as the row rules see them before any value is parsed: bounds, field counts
+    and stray carriage returns. `parseable` marks the lines parse_block may be given (the right field count, no
+    stray '\r'); the others are bad rows whatever their values. The validation names why; the engines drop them."""
+
+    arr: np.ndarray        # the block as uint8
+    starts: np.ndarray     # line starts (block offsets)
+    ends: np.ndarray       # line ends (the newline's offset, or the block's length)
+    commas: np.ndarray     # commas before each block offset (len(arr) + 1)
+    fields: np.ndarray     # fields per line
+    returns: np.ndarray    # per line, the offset of its first stray '\r' or -1 (stray_returns)
+    parseable: np.ndarray  # bool per line
+
+    @classmethod
+    def of(cls, block: bytes, expected_fields: int) -> BlockLines:
+        arr = np.frombuffer(block, np.uint8)
+        starts, ends = line_bounds(arr)
+        commas = np.concatenate(([0], np.cumsum(arr == _COMMA)))
+        fields = commas[ends] - commas[starts] + 1
+        returns = stray_returns(block, ends)
+        return cls(arr, starts, ends, commas, fields, returns, (fields == expected_fields) & (returns < 0))
+
+    def return_field(self, line: int) -> int:
+        """The 0-based field holding the line's first stray '\r' (the line must have one)."""
+        return int(self.commas[self.returns[line]] - self.commas[self.starts[line]])
+
+    def keep(self, block: bytes, good: np.ndarray) -> bytes:
+        """The block with only the `good` lines (the block itself when all are)."""
+        return block if good.all() else keep_lines(self.arr, self.starts, self.ends, good)
 
 
 # Every byte outside ASCII read as DEL (0x7f): no row rule accepts either (every rule is ASCII), so the field holding

@@ -40,25 +40,24 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.csv as pacsv
 
-from tasks.byo.contract import (MAX_LINE_BYTES, TranscodeResult, check_bad_rows, check_lines, column_bad,
-                                open_csv, parse_block, stray_returns)
+from tasks.byo.contract import (MAX_LINE_BYTES, BlockLines, TranscodeResult, check_bad_rows, check_lines,
+                                column_bad, open_csv, parse_block)
 from tasks.byo.contract import parse_transcode_args as parse_args
 from tasks.byo.spec import (CATEGORICAL_CHANNEL, FLOAT16_MAX, LABEL_CHANNEL, MAPPINGS, NUMERICAL_CHANNEL,
                             CsvChunk, csv_chunks, declared_cardinalities, load_csv_spec, renamed_features,
                             resolve_cardinalities)
 from tasks.core.progress import ProgressLog
 from tasks.core.storage import Manifest, atomic_directory, write_manifest
-from tasks.core.validation import keep_lines, line_bounds
 
 log = logging.getLogger(__name__)
 
 STEP_ROWS = 1 << 15          # lines taken from every file of a mapping per step (memory ~ this x the row's width)
 READ_BYTES = 1 << 20         # one read from a file's (decompressed) stream
-WRITE_ROWS = 1 << 18
-PARSE_BLOCK_BYTES = 1 << 20  # pyarrow's CSV block: its unit of parallel parsing         # rows per batch handed to the split-binary writer
+WRITE_ROWS = 1 << 18         # rows per batch handed to the split-binary writer
+PARSE_BLOCK_BYTES = 1 << 20  # pyarrow's CSV block: its unit of parallel parsing
 SPILL = "_spill"
 MAX_ID_DIGITS = 18           # CATEGORICAL_PATTERN's [0-9]{1,18}
-_NEWLINE, _COMMA = ord("\n"), ord(",")
+_NEWLINE = ord("\n")
 _ID_BYTES = b"0123456789,\n"
 _NUMBER_BYTES = b"0123456789,\n.-+eE"
 _DIGIT_0, _SIGNS, _LOWER = ord("0"), (ord("+"), ord("-")), 0x20
@@ -246,15 +245,13 @@ def _valid(column) -> np.ndarray:
 
 def _exact_parse(chunk: CsvChunk, block: bytes, count: int) -> ParsedLines:
     """The validation's rules line by line: field count, then each channel's regex (and float16's range)."""
-    arr = np.frombuffer(block, np.uint8)
-    starts, ends = line_bounds(arr)
-    commas = np.concatenate(([0], np.cumsum(arr == _COMMA)))
-    good = (commas[ends] - commas[starts] + 1 == len(chunk.features)) & (stray_returns(block, ends) < 0)
+    lines = BlockLines.of(block, len(chunk.features))
+    good = lines.parseable
     ok = good.copy()
     values = {f: np.zeros(count, np.float64) for f in chunk.features}
     rows = np.flatnonzero(good)
     if len(rows):
-        table = parse_block(block if good.all() else keep_lines(arr, starts, ends, good), chunk.features)
+        table = parse_block(lines.keep(block, good), chunk.features)
         for index, (feature, channel) in enumerate(zip(chunk.features, chunk.channels)):
             bad, numbers = column_bad(table.column(index).combine_chunks(), channel)
             ok[rows[bad]] = False

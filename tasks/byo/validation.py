@@ -23,17 +23,15 @@ from typing import Any
 
 import numpy as np
 
-from tasks.byo.contract import COMPRESSED_SUFFIXES, MAX_LINE_BYTES, open_csv
+from tasks.byo.contract import COMPRESSED_SUFFIXES, MAX_LINE_BYTES, BlockLines, open_csv
 from tasks.byo.contract import column_bad as _column_bad
 from tasks.byo.contract import parse_block as _parse_block
-from tasks.byo.contract import stray_returns
 from tasks.byo.spec import (CATEGORICAL_CHANNEL, FLOAT16_MAX, MAPPINGS, NUMERICAL_CHANNEL, PATTERNS,
                             RULE_TEXT, CsvChunk, csv_chunks, declared_cardinalities)
 from tasks.core.progress import ProgressLog
 from tasks.core.storage import Manifest, atomic_directory, write_manifest, write_text_atomic
 from tasks.core.validation import (DataQualityError, Quarantine, budget_failure, display_text, gx_section,
-                                   iter_line_blocks, keep_lines, line_bounds, quoted_value, start_gx_worker,
-                                   summarize_gx)
+                                   iter_line_blocks, quoted_value, start_gx_worker, summarize_gx)
 from tasks.formats.feature_spec import FeatureSpec
 
 log = logging.getLogger(__name__)
@@ -41,7 +39,6 @@ log = logging.getLogger(__name__)
 EVIDENCE_ROWS = 2_000   # first rows of each file handed to GX
 PROGRESS_EVERY_S = 10.0
 FIELD_COUNT = "field_count"
-_COMMA = ord(",")
 
 
 @dataclass
@@ -100,18 +97,14 @@ class _FileChecker:
         self.quarantine.record(self.name, bad, {"mapping": self.chunk.mapping})
 
     def _check_block(self, first_line: int, block: bytes) -> None:
-        arr = np.frombuffer(block, dtype=np.uint8)
-        starts, ends = line_bounds(arr)
-        commas = np.concatenate(([0], np.cumsum(arr == _COMMA)))
-        fields = commas[ends] - commas[starts] + 1
-        expected = len(self.chunk.features)
+        lines = BlockLines.of(block, len(self.chunk.features))
+        starts, ends, expected = lines.starts, lines.ends, len(self.chunk.features)
         lengths = ends - starts
-        returns = stray_returns(block, ends)
-        good = (fields == expected) & (lengths <= MAX_LINE_BYTES) & (returns < 0)  # lines up to the block's size
+        good = lines.parseable & (lengths <= MAX_LINE_BYTES)  # lines up to the block's size
         for i in np.flatnonzero(~good):
             raw = block[starts[i]:ends[i]]
             column = name = None
-            index = int(commas[returns[i]] - commas[starts[i]]) if returns[i] >= 0 else expected  # CR's field
+            index = lines.return_field(i) if lines.returns[i] >= 0 else expected  # the CR's field
             if lengths[i] > MAX_LINE_BYTES:
                 reason, rule = _long_line_reason(int(lengths[i])), LONG_LINE_RULE
             elif index < expected:
@@ -121,13 +114,13 @@ class _FileChecker:
                 reason = f"value {quoted_value(value)} {rule}"
             else:
                 rule = f"fields, expected {expected}"
-                reason = f"{int(fields[i])} {rule} ({', '.join(self.chunk.features)})"
+                reason = f"{int(lines.fields[i])} {rule} ({', '.join(self.chunk.features)})"
             self._bad(BadRow(first_line + int(i), column, name, reason, rule, display_text(raw)))
         self.lines += len(starts)
         rows = np.flatnonzero(good)
         if not len(rows):
             return
-        table = _parse_block(keep_lines(arr, starts, ends, good) if not good.all() else block, self.chunk.features)
+        table = _parse_block(lines.keep(block, good), self.chunk.features)
         bad_columns = np.zeros((len(rows), expected), dtype=bool)
         for index, (name, channel) in enumerate(zip(self.chunk.features, self.chunk.channels)):
             column = table.column(index)
