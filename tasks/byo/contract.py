@@ -101,7 +101,7 @@ def stray_returns(block: bytes, ends: np.ndarray) -> np.ndarray:
 
 @dataclass(frozen=True)
 class BlockLines:
-    """The lines of a block of CSV bytes as the row rules see them before any value is parsed: bounds, field counts
+    r"""The lines of a block of CSV bytes as the row rules see them before any value is parsed: bounds, field counts
     and stray carriage returns. `parseable` marks the lines parse_block may be given (the right field count, no
     stray '\r'); the others are bad rows whatever their values. The validation names why; the engines drop them."""
 
@@ -123,7 +123,7 @@ class BlockLines:
         return cls(arr, starts, ends, commas, fields, returns, (fields == expected_fields) & (returns < 0))
 
     def return_field(self, line: int) -> int:
-        """The 0-based field holding the line's first stray '\r' (the line must have one)."""
+        r"""The 0-based field holding the line's first stray '\r' (the line must have one)."""
         return int(self.commas[self.returns[line]] - self.commas[self.starts[line]])
 
     def keep(self, block: bytes, good: np.ndarray) -> bytes:
