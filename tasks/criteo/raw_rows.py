@@ -19,11 +19,11 @@ from typing import Any
 
 import numpy as np
 
-from tasks.core.validation import LongLine, quoted_value, read_csv_block
+from tasks.core.validation import LongLine, keep_lines, line_bounds, quoted_value, read_csv_block
 from tasks.core.validation import counted_line_blocks as core_counted_line_blocks
 from tasks.criteo.schema import CAT_PATTERN, INT_PATTERN, LABEL_PATTERN, NUM_FIELDS, RAW_COLUMNS
 
-_TAB, _NEWLINE, _CARRIAGE_RETURN = 9, 10, 13
+_TAB, _CARRIAGE_RETURN = 9, 13
 
 
 @dataclass(frozen=True)
@@ -164,15 +164,6 @@ def _labels_are_one_byte(table) -> bool:
     return bool(np.all(np.diff(offsets) == 1))
 
 
-def _line_bounds(arr: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(start, end) byte offsets of each line of a block (end = its newline, or the block's end for a last line
-    without one)."""
-    ends = np.flatnonzero(arr == _NEWLINE)
-    if len(arr) and (len(ends) == 0 or ends[-1] != len(arr) - 1):
-        ends = np.append(ends, len(arr))  # last line without a trailing newline
-    return np.concatenate(([0], ends[:-1] + 1)).astype(np.int64), ends
-
-
 def check_block(block: bytes, first_line: int, keep_good: bool = False, lines: int | None = None) -> BlockResult:
     """Check every line of a block of whole lines; return bad rows (and the good rows as a table if asked).
 
@@ -203,7 +194,7 @@ def _check_block_lines(block: bytes, first_line: int, keep_good: bool) -> BlockR
     """check_block for a block with lines of the wrong field count or carriage returns: those lines are found and
     dropped first, then the rest is parsed and its values checked."""
     arr = np.frombuffer(block, dtype=np.uint8)
-    starts, ends = _line_bounds(arr)
+    starts, ends = line_bounds(arr)
     is_tab = arr == _TAB
     # Tabs per line by one segmented sum (each line's segment runs to the next line's start); a block holds ~39
     # tabs a row, whose positions are found only for the rare rows with a carriage return.
@@ -225,7 +216,7 @@ def _check_block_lines(block: bytes, first_line: int, keep_good: bool) -> BlockR
     kept[dropped] = False
     good_lines = np.flatnonzero(kept)
     if len(dropped):
-        block = _drop_lines(arr, starts, ends, dropped)
+        block = keep_lines(arr, starts, ends, kept)
     if len(good_lines) == 0:
         return BlockResult(first_line, len(ends), None, bad)
 
@@ -244,7 +235,7 @@ def _check_values(table, arr: np.ndarray, starts: np.ndarray | None, ends: np.nd
     first_bad_field = first_failing_field(table, rules)  # 0 = row is good; the rules' regexes, checked by numpy
     bad_idx = np.flatnonzero(first_bad_field)
     if len(bad_idx) and starts is None:
-        starts, ends = _line_bounds(arr)
+        starts, ends = line_bounds(arr)
     for i in bad_idx:
         line_index = good_lines[i]
         raw = block_line(arr, starts, ends, line_index)
@@ -284,12 +275,3 @@ def _carriage_return_rows(arr: np.ndarray, starts: np.ndarray, ends: np.ndarray,
 
 def block_line(arr: np.ndarray, starts: np.ndarray, ends: np.ndarray, index: int) -> bytes:
     return arr[starts[index]:ends[index]].tobytes()
-
-
-def _drop_lines(arr: np.ndarray, starts: np.ndarray, ends: np.ndarray, drop: np.ndarray) -> bytes:
-    """The block without the given lines (newlines included), built with one vectorised mask."""
-    delta = np.zeros(len(arr) + 1, dtype=np.int32)
-    np.add.at(delta, starts[drop], 1)
-    np.add.at(delta, np.minimum(ends[drop] + 1, len(arr)), -1)
-    keep = np.cumsum(delta[:-1]) == 0
-    return arr[keep].tobytes()
