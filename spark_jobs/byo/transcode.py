@@ -11,7 +11,8 @@ Semantics:
     output is written in line order;
   * lines end at '\n' (a CRLF's '\r' is part of the line end; any other '\r' makes a bad row); a line longer than
     READ_CAP_BYTES is skipped by the reader, never held whole, and --expected-lines (the validation's lines per
-    mapping) turns the gap it leaves into an error naming the file;
+    mapping; without it, the job counts each file's lines itself first) turns the gap it leaves into an error
+    naming the file;
   * bad rows (tasks/byo/spec.py rules, the same the validation applies, and lines over
     tasks/byo/contract.py's MAX_LINE_BYTES) are dropped from every file of the mapping; --expected-bad-rows (the
     validation's count per mapping) makes a disagreement an error;
@@ -36,7 +37,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from spark_jobs.common import LINE_TERMINATORS, configure_logging, log, reuse_level, run_job, spark_session, text_lines
-from tasks.byo.contract import MAX_LINE_BYTES, TranscodeResult, check_bad_rows, check_lines
+from tasks.byo.contract import MAX_LINE_BYTES, TranscodeResult, check_bad_rows, check_lines, count_lines
 from tasks.byo.contract import parse_transcode_args as parse_args
 from tasks.byo.spec import (CATEGORICAL_CHANNEL, DELIMITER, FLOAT16_MAX, MAPPINGS, NUMERICAL_CHANNEL,
                             PATTERNS, csv_chunks, load_csv_spec, renamed_features, resolve_cardinalities)
@@ -131,10 +132,21 @@ def mapping_frame(spark, spec, source_dir: Path, mapping: str, expected_lines: s
             raise FileNotFoundError(f"{chunk.file}: file is missing ({path}); source_spec.{mapping} names it")
         part, counts[chunk.file] = parse_chunk(spark, spec, chunk, path)
         frame = part if frame is None else frame.join(part, on=LINE, how="inner")
-    check_lines(expected_lines, mapping, counts, skipped_over=READ_CAP_BYTES)
-    if len(set(counts.values())) != 1:
+    counted_by = "the validation counted"
+    if expected_lines is None:
+        # Run by hand, without the validation's counts: the files' own, so that a line the reader skipped (which
+        # would shift every row after it, in one file or in all alike) is found all the same. One more read of each.
+        log.info("source_spec.%s: counting the lines of %d file(s) (--expected-lines not given)", mapping,
+                 len(counts))
+        on_disk = {name: count_lines(source_dir / name, name) for name in counts}
+        if len(set(on_disk.values())) != 1:
+            raise ValueError(f"source_spec.{mapping}: the files hold different numbers of lines {on_disk}; line k "
+                             "of every file is row k")
+        expected_lines, counted_by = json.dumps({mapping: next(iter(on_disk.values()))}), "the file holds"
+    check_lines(expected_lines, mapping, counts, skipped_over=READ_CAP_BYTES, counted_by=counted_by)
+    if len(set(counts.values())) != 1:  # the counts above held: only if a file changed while it was read
         raise ValueError(f"source_spec.{mapping}: the files have different numbers of lines {counts}; line k of "
-                         f"every file is row k (the reader skips a line longer than {READ_CAP_BYTES} bytes)")
+                         "every file is row k")
     oks = [F.col(f"{OK}{chunk.index}") for chunk in csv_chunks(spec, mapping)]
     ok = oks[0]
     for other in oks[1:]:

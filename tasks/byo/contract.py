@@ -181,10 +181,22 @@ def check_bad_rows(expected_json: str | None, dropped: dict[str, int]) -> None:
                            "disagree on the row rules")
 
 
-def check_lines(expected_json: str | None, mapping: str, counts: dict[str, int], skipped_over: int | None = None
-                ) -> None:
+def count_lines(path: Path, name: str, read_bytes: int = 16 << 20) -> int:
+    r"""The lines of a CSV file (decompressed where its name says so) as every reader numbers them: one per '\n',
+    and a last line without one."""
+    lines, last = 0, b"\n"
+    with open_csv(path, name) as stream:
+        while chunk := stream.read(read_bytes):
+            lines += chunk.count(b"\n")
+            last = chunk[-1:]
+    return lines + (last != b"\n")
+
+
+def check_lines(expected_json: str | None, mapping: str, counts: dict[str, int], skipped_over: int | None = None,
+                counted_by: str = "the validation counted") -> None:
     """Every file of the mapping (`counts`: file -> lines read) must hold the lines the validation counted
-    (--expected-lines, per mapping). `skipped_over`: the reader's own line cap (bytes), when it skips longer lines."""
+    (--expected-lines, per mapping). `skipped_over`: the reader's own line cap (bytes), when it skips longer lines;
+    `counted_by`: where the expected count comes from, for the error."""
     expected = json.loads(expected_json) if expected_json else {}
     if mapping not in expected:
         return
@@ -192,7 +204,7 @@ def check_lines(expected_json: str | None, mapping: str, counts: dict[str, int],
     for name, lines in counts.items():
         if lines < want and skipped_over is not None:
             raise ValueError(f"{name}: {want - lines} line(s) longer than {skipped_over} bytes skipped by the reader "
-                             f"(the validation counted {want} lines, the reader {lines}); the Spark engine holds a "
+                             f"({counted_by} {want} lines, the reader read {lines}); the Spark engine holds a "
                              "line whole and cannot number the rows after a skipped one: remove such lines (the "
                              "validation's quarantine.jsonl names every line over "
                              f"{MAX_LINE_BYTES} bytes) or transcode with engine=arrow, which streams them")
