@@ -329,6 +329,16 @@ def test_a_wrong_header_fails_with_one_line(settings: Settings) -> None:
     assert read_manifest(out) is None and "header" in json.loads((out / "report.json").read_text())["failure"]
 
 
+def test_a_byte_order_mark_before_the_header_is_not_part_of_it(settings: Settings) -> None:
+    """As pandas reads it (a spreadsheet's "CSV UTF-8" export writes one): every row good, numbered from line 2."""
+    source_archive(settings, bad_lines={1: "\ufeffuserId,movieId,rating,timestamp"})
+    download_snapshot(settings, "ml-20m", movielens=MovieLensSettings())
+    result = validate_snapshot(settings, "ml-20m", bad_row_budget=0.0)
+    rows = generate_ratings("ml-20m", **PARAMS).rows
+    assert (result["rows"], result["good_rows"]) == (rows, rows)
+    assert read_validated(settings, "ml-20m").column("line").to_pylist()[:2] == [2, 3]
+
+
 def test_a_ratings_file_deleted_after_download_is_missing_input(settings: Settings) -> None:
     source_archive(settings)
     download_snapshot(settings, "ml-20m", movielens=MovieLensSettings())

@@ -228,6 +228,13 @@ def test_a_wrong_header_fails_with_one_line(settings: Settings) -> None:
     assert read_manifest(layout.validated_dir(settings.data_root, "kaggle")) is None
 
 
+def test_a_byte_order_mark_before_a_header_is_not_part_of_it(settings: Settings) -> None:
+    written = source(settings)
+    edit_line(settings, "events", 1, "\ufeff" + TABLES["events"].header)
+    result = ingest(settings)
+    assert result["bad_rows"] == 0 and result["rows"] == sum(written["rows"].values())
+
+
 def clicks_lines(settings: Settings) -> list[str]:
     return (layout.source_dir(settings.data_root) / "clicks_train.csv").read_text().split("\n")
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from tasks.byo.spec import FLOAT16_MAX, MAPPINGS, NUMERICAL_CHANNEL, PATTERNS
-from tasks.core.validation import keep_lines, line_bounds
+from tasks.core.validation import UTF8_BOM, keep_lines, line_bounds
 
 # A line longer than this (bytes, without its newline) is a bad row for the validation and for both transcode
 # engines, wherever it falls in their reads (the arrow engine never holds more than this of it, the validation no
@@ -35,7 +35,6 @@ class TranscodeResult:
 
 
 COMPRESSED_SUFFIXES = (".gz", ".bz2", ".lz4", ".zst")
-UTF8_BOM = b"\xef\xbb\xbf"
 
 
 def open_csv(path: Path, name: str | None = None) -> CsvStream:

@@ -33,6 +33,7 @@ QUOTED_CHARS = 40             # at most this many characters of a bad value reac
 QUARANTINE_LIMIT = 1_000_000  # rows written to quarantine.jsonl per validation; beyond that only counted
 EVIDENCE_BAD_ROWS = 1_000     # quarantined rows kept as GX evidence (so its report shows real failures)
 _NEWLINE = 10
+UTF8_BOM = b"\xef\xbb\xbf"
 
 
 class DataQualityError(ValueError):
@@ -293,6 +294,18 @@ def quoted_value(raw: bytes, limit: int = QUOTED_CHARS) -> str:
         if len(raw) <= limit * 4:  # every byte shown
             return f"'{''.join(shown)}'"
     return f"'{''.join(shown)}'… ({len(raw)} bytes)"
+
+
+def split_header(block: bytes, file_name: str, expected: str) -> tuple[bytes, str | None]:
+    """A file's first block without its header line (CRLF or LF), and the one-line problem when the header is not
+    `expected` (None when it is). A UTF-8 byte-order mark before the header is not part of it (a spreadsheet's "CSV
+    UTF-8" export writes one; pandas and byo's CsvStream drop it too): what follows validation reads the validated
+    output, never the raw file."""
+    end = block.find(b"\n")
+    line = (block if end < 0 else block[:end]).rstrip(b"\r").removeprefix(UTF8_BOM)
+    if line != expected.encode():
+        return b"", f"{file_name} line 1: header {quoted_value(line, 120)} is not the expected '{expected}'"
+    return (b"" if end < 0 else block[end + 1:]), None
 
 
 # ---- quarantine, budget, report -----------------------------------------------------------------------------------

@@ -23,9 +23,9 @@ from tasks.core.progress import ProgressLog
 from tasks.core.storage import Manifest, atomic_directory, write_manifest, write_text_atomic
 from tasks.core.validation import (
     EVIDENCE_BAD_ROWS, BadField, DataQualityError, DistinctPairs, Quarantine, bad_fraction, budget_failure,
-    first_lines, gx_section, start_gx_worker, summarize_gx, write_good_rows,
+    first_lines, gx_section, split_header, start_gx_worker, summarize_gx, write_good_rows,
 )
-from tasks.movielens.raw_ratings import check_block, iter_line_blocks, quoted
+from tasks.movielens.raw_ratings import check_block, iter_line_blocks
 from tasks.movielens.schema import FUTURE_SLACK_S, ITEM_ID, RATING, TIMESTAMP, USER_ID, RatingsFormat
 
 log = logging.getLogger(__name__)
@@ -136,13 +136,10 @@ class RatingsScan:
         """Check and strip the header (ml-20m) from the first block."""
         if first_line != 1 or not self.fmt.header:
             return block, first_line
-        end = block.find(b"\n")
-        line = (block if end < 0 else block[:end]).rstrip(b"\r")
-        expected = self.fmt.separator.join(self.fmt.header)
-        if line != expected.encode():
-            raise DataQualityError(f"{self.ratings.name} line 1: header {quoted(line, 80)} is not the expected "
-                                   f"'{expected}'")
-        return (b"" if end < 0 else block[end + 1:]), 2
+        block, problem = split_header(block, self.ratings.name, self.fmt.separator.join(self.fmt.header))
+        if problem:
+            raise DataQualityError(problem)
+        return block, 2
 
     def _take_block(self, block: bytes, first_line: int, writer, pairs: DistinctPairs) -> None:
         checked = check_block(block, first_line, self.fmt, self.max_timestamp)

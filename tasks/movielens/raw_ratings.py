@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from tasks.core.validation import iter_line_blocks as read_line_blocks
-from tasks.core.validation import (BadField, display_text, keep_lines, line_bounds, mark_failures,
+from tasks.core.validation import (BadField, display_text, keep_lines, line_bounds, mark_failures, quoted_value,
                                    read_csv_block, whole_line_problems)
 from tasks.movielens.schema import (
     ID_PATTERN, ITEM_ID, MIN_TIMESTAMP, RATING, TIMESTAMP, TIMESTAMP_PATTERN, USER_ID, RatingsFormat,
@@ -24,7 +24,6 @@ from tasks.movielens.schema import (
 )
 
 MAX_LINE_BYTES = 4 << 10  # a rating row is ~30 bytes; a longer "line" is not a row (and must not grow memory)
-QUOTED_CHARS = 40         # at most this many characters of a bad value reach an error line
 _DELIMITER = 9  # ml-1m's "::" becomes a tab once lines holding a real tab are out
 
 
@@ -33,13 +32,6 @@ class CheckedBlock:
     lines: int
     good: object  # pyarrow.Table of typed good rows (schema.validated_arrow_schema()), or None when there are none
     bad: list[BadField]
-
-
-def quoted(raw: bytes, limit: int = QUOTED_CHARS) -> str:
-    """A value as an error line shows it: quoted, escaped (no control characters reach the log), truncated."""
-    text = raw[:limit].decode("utf-8", errors="backslashreplace")
-    shown = text.encode("unicode_escape").decode("ascii").replace("'", "\\'")
-    return f"'{shown}'" + (f"… ({len(raw)} bytes)" if len(raw) > limit else "")
 
 
 def iter_line_blocks(path: Path, block_bytes: int) -> Iterator[tuple[int, bytes, list[BadField]]]:
@@ -56,7 +48,7 @@ def check_block(block: bytes, first_line: int, fmt: RatingsFormat, max_timestamp
         block = block.replace(b"\r\n", b"\n")  # CRLF line ends are tolerated; a lone CR is a control character
     arr = np.frombuffer(block, dtype=np.uint8)
     starts, ends = line_bounds(arr)
-    bad = whole_line_problems(block, arr, starts, ends, first_line, quote=quoted)
+    bad = whole_line_problems(block, arr, starts, ends, first_line)
     keep = np.ones(len(ends), dtype=bool)
     keep[[b.line - first_line for b in bad]] = False
     lines = np.arange(first_line, first_line + len(ends), dtype=np.int64)[keep]
@@ -147,7 +139,7 @@ def _check_values(work: bytes, lines: np.ndarray, fmt: RatingsFormat, max_timest
 def _bad_value(table, row: int, line: int, field: int, rule: str, fmt: RatingsFormat) -> BadField:
     raw = [table.column(c)[row].as_py() for c in range(table.num_columns)]
     byte = sum(len(value) + len(fmt.separator) for value in raw[: field - 1]) + 1
-    return BadField(line, field, fmt.raw_columns[field - 1], byte, f"{quoted(raw[field - 1])} {rule}", rule,
+    return BadField(line, field, fmt.raw_columns[field - 1], byte, f"{quoted_value(raw[field - 1])} {rule}", rule,
                      display_text(fmt.separator.encode().join(raw)))
 
 

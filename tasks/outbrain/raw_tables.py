@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from tasks.core.validation import (BadField, display_text, keep_lines, line_bounds, mark_failures, quoted_value,
-                                   read_csv_block, whole_line_problems)
+                                   read_csv_block, split_header, whole_line_problems)
 from tasks.outbrain.schema import PUBLISH_TIME_FORMAT, Column, Table, arrow_schema
 
 MAX_LINE_BYTES = 4 << 10  # the longest Outbrain row is ~100 bytes; a longer "line" is not a row
@@ -36,12 +36,7 @@ def long_line(table: Table, line: int, length: int, head: bytes) -> BadField:
 
 def check_header(block: bytes, table: Table) -> tuple[bytes, str | None]:
     """Strip the header line from the file's first block; returns (the rest, a one-line problem or None)."""
-    end = block.find(b"\n")
-    line = (block if end < 0 else block[:end]).rstrip(b"\r")
-    if line != table.header.encode():
-        return b"", (f"{table.file_name} line 1: header {quoted_value(line, 120)} is not the expected "
-                     f"'{table.header}'")
-    return (b"" if end < 0 else block[end + 1:]), None
+    return split_header(block, table.file_name, table.header)
 
 
 def check_block(block: bytes, first_line: int, table: Table) -> CheckedBlock:
