@@ -37,7 +37,8 @@ from dataclasses import asdict
 from pathlib import Path
 
 from spark_jobs.common import LINE_TERMINATORS, configure_logging, log, reuse_level, run_job, spark_session, text_lines
-from tasks.byo.contract import MAX_LINE_BYTES, TranscodeResult, check_bad_rows, check_lines, count_lines
+from tasks.byo.contract import (COMPRESSED_SUFFIXES, MAX_LINE_BYTES, TranscodeResult, check_bad_rows, check_lines,
+                                count_lines)
 from tasks.byo.contract import parse_transcode_args as parse_args
 from tasks.byo.spec import (CATEGORICAL_CHANNEL, DELIMITER, FLOAT16_MAX, MAPPINGS, NUMERICAL_CHANNEL,
                             PATTERNS, csv_chunks, load_csv_spec, renamed_features, resolve_cardinalities)
@@ -136,9 +137,12 @@ def mapping_frame(spark, spec, source_dir: Path, mapping: str, expected_lines: s
     if expected_lines is None:
         # Run by hand, without the validation's counts: the files' own, so that a line the reader skipped (which
         # would shift every row after it, in one file or in all alike) is found all the same. One more read of each.
-        log.info("source_spec.%s: counting the lines of %d file(s) (--expected-lines not given)", mapping,
-                 len(counts))
-        on_disk = {name: count_lines(source_dir / name, name) for name in counts}
+        compressed = any(name.endswith(COMPRESSED_SUFFIXES) for name in counts)
+        progress = ProgressLog(f"source_spec.{mapping}: counting lines (--expected-lines not given)", unit="bytes",
+                               total=None if compressed else sum((source_dir / n).stat().st_size for n in counts),
+                               every_s=PROGRESS_SECONDS, logger=log)
+        on_disk = {name: count_lines(source_dir / name, name, progress=progress) for name in counts}
+        progress.report(progress.done, force=True)
         if len(set(on_disk.values())) != 1:
             raise ValueError(f"source_spec.{mapping}: the files hold different numbers of lines {on_disk}; line k "
                              "of every file is row k")

@@ -180,14 +180,16 @@ def check_bad_rows(expected_json: str | None, dropped: dict[str, int]) -> None:
                            "disagree on the row rules")
 
 
-def count_lines(path: Path, name: str, read_bytes: int = 16 << 20) -> int:
+def count_lines(path: Path, name: str, read_bytes: int = 16 << 20, progress=None) -> int:
     r"""The lines of a CSV file (decompressed where its name says so) as every reader numbers them: one per '\n',
-    and a last line without one."""
+    and a last line without one. `progress`: a tasks.core.progress.ProgressLog advanced by the bytes read."""
     lines, last = 0, b"\n"
     with open_csv(path, name) as stream:
         while chunk := stream.read(read_bytes):
             lines += chunk.count(b"\n")
             last = chunk[-1:]
+            if progress is not None:
+                progress.advance(len(chunk))
     return lines + (last != b"\n")
 
 
