@@ -10,7 +10,8 @@ they are complete; with `spark` day_stats runs a Spark job (spark-submit, e.g. o
 `RECFLOW_CRITEO_EPOCH`); the `day` param overrides it for manual runs. Outputs live under the data root keyed by day, each with a manifest; re-running a
 finished day does no work. Each finished day emits an event on the `criteo_day_stats` asset.
 
-Backfill: `airflow backfill create --dag-id criteo_ingest --from-date 2026-01-01 --to-date 2026-01-24`.
+Backfill: `airflow backfill create --dag-id criteo_ingest --from-date 2026-01-01 --to-date 2026-01-24
+--max-active-runs 3` (a backfill runs under its own limit, 10 unless given, not the DAG's max_active_runs).
 """
 
 from __future__ import annotations
@@ -49,8 +50,9 @@ from tasks.dagkit.docs import document
                                        "RECFLOW_SOURCE_ALLOWED_PREFIXES (default: the configured source's folder)."),
         "expected_sha256": Param(None, type=["null", "string"], pattern=r"^[0-9a-f]{64}$", title="Expected sha256",
                                  description="Checksum of the source file; empty = not checked."),
-        "bad_row_budget": bad_row_budget_param(0.001, "Fraction of malformed rows tolerated (quarantined) before "
-                                                       "failing."),
+        "bad_row_budget": bad_row_budget_param(None, "Fraction of malformed rows tolerated (quarantined) before "
+                                                      "failing. Empty = the deployment's RECFLOW_BAD_ROW_BUDGET "
+                                                      "(0.001 unless set)."),
         "aws_conn_id": aws_conn_param("s3:// sources"),
     },
 )
@@ -58,12 +60,15 @@ def criteo_ingest():
     @task(**DOWNLOAD_TASK)
     def download(**context) -> dict:
         from tasks.core.config import NotAllowed
+        from tasks.core.download_sources import ChecksumMismatch
         from tasks.criteo.ingest import download_day
 
         settings = load_settings()
         params = context["params"]
-        fetch = fail_without_retry(NotAllowed)(download_day)
-        return fetch(settings, criteo_day(context), source=params["source_url"] or None,
+        day = fail_without_retry(ValueError)(criteo_day)(context)  # a logical date before the epoch stays so
+        # A checksum mismatch deletes what it fetched: a retry would download the whole day again, to the same end.
+        fetch = fail_without_retry(NotAllowed, ChecksumMismatch)(download_day)
+        return fetch(settings, day, source=params["source_url"] or None,
                      expected_sha256=params["expected_sha256"] or None, aws_conn_id=params["aws_conn_id"])
 
     @task

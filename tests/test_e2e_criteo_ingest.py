@@ -32,6 +32,7 @@ def airflow_env(tmp_path_factory) -> dict[str, str]:
     lines[10] = b"2\t" + lines[10].split(b"\t", 1)[1]      # label outside {0,1}
     lines[20] = b"1\t2\t3"                                  # too few fields
     (source / "day_3").write_bytes(b"\n".join(lines))     # 2 bad of 3000 = 0.07% ...
+    shutil.copy(source / "day_0", source / "day_5")         # fetched against a wrong checksum
     return airflow_init(airflow_test_env(home, data, RECFLOW_CRITEO_SOURCE=source.as_uri() + "/day_{day}"))
 
 
@@ -101,13 +102,14 @@ def test_bad_rows_over_budget_fail_validation_without_retry_or_downstream(airflo
     root = data_root(airflow_env)
     shutil.rmtree(criteo_layout.validated_day(root, 3), ignore_errors=True)
     shutil.rmtree(criteo_layout.stats_day(root, 3), ignore_errors=True)
-    run = run_ingest(airflow_env, 3, bad_row_budget=0.0001)
+    # No budget in the conf: the form's empty field takes the deployment's RECFLOW_BAD_ROW_BUDGET (0.01%).
+    run = run_dag({**airflow_env, "RECFLOW_BAD_ROW_BUDGET": "0.0001"}, "criteo_ingest", {"day": 3}, timeout=600)
     assert run["state"] == "failed"
     assert run["tasks"]["download"]["state"] == "success"
     assert run["tasks"]["validate_raw"]["state"] == "failed"
     assert run["tasks"]["validate_raw"]["try_number"] == 1  # bad data is not retried
     assert run["tasks"]["day_stats"]["state"] == "upstream_failed"
-    assert "DataQualityError: day_3: 2 bad rows of 3000" in run["log"]
+    assert "DataQualityError: day_3: 2 bad rows of 3000 (0.067% > budget 0.010%)" in run["log"]
     assert "line 11, field 1 (label), column 1" in run["log"]
     out = criteo_layout.validated_day(root, 3)
     assert (out / "report.json").exists() and (out / "quarantine.jsonl").exists()
@@ -127,3 +129,14 @@ def test_source_url_outside_the_allow_list_fails_download_without_retry(airflow_
     assert ("SourceNotAllowed: source https://evil.example/day_4 is not under an allowed prefix [] "
             "(set RECFLOW_SOURCE_ALLOWED_PREFIXES to allow more)") in run["log"]
     assert not criteo_layout.raw_day(root, 4).exists() and not criteo_layout.validated_day(root, 4).exists()
+
+
+def test_a_wrong_expected_checksum_fails_download_without_retry(airflow_env):
+    """A retry would fetch the whole day again (the mismatch deletes it) to the same end; so would a re-download."""
+    root = data_root(airflow_env)
+    run = run_ingest(airflow_env, 5, expected_sha256="0" * 64)
+    assert run["state"] == "failed"
+    assert (run["tasks"]["download"]["state"], run["tasks"]["download"]["try_number"]) == ("failed", 1)
+    assert run["tasks"]["validate_raw"]["state"] == "upstream_failed"
+    assert "ChecksumMismatch: sha256 mismatch for " in run["log"] and f"expected {'0' * 64}, got " in run["log"]
+    assert not criteo_layout.raw_day(root, 5).exists()
