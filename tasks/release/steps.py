@@ -45,18 +45,28 @@ def trusted_manifest_sha256(settings: Settings, model: str, version: str | None,
     """The manifest digest the registry recorded when `model` `version` was published: the only form in which a
     published version is ever loaded (its files may hold pickles: nvt workflows, TorchScript). UnverifiedVersion (a
     FileNotFoundError) when the registry has none: never published through it, or published before digests were."""
+    return trusted_version(settings, model, version, registry_conn_id)[2]
+
+
+def trusted_version(settings: Settings, model: str, version: str | None,
+                    registry_conn_id: str | None = None) -> tuple[str, str, str]:
+    """(version, artifact URI, manifest digest) as the registry recorded them at publish; `version` None: the one
+    its `latest` alias names. UnverifiedVersion when it has no digest for it, or names no latest version."""
     from tasks.release.publish import UnverifiedVersion
 
     with open_registry(settings, registry_conn_id) as registry:
         if version is None:
             alias = registry.alias(model)
-            version = alias["version"] if alias else None
-        record = registry.version(model, version) if version else None
+            if alias is None:
+                raise UnverifiedVersion(f"{model}: the registry names no latest version (nothing published through "
+                                        "it): nothing is loaded")
+            version = alias["version"]
+        record = registry.version(model, version)
     digest = record.get("manifest_sha256") if record else None
     if not digest:
         raise UnverifiedVersion(f"{model} {version}: the registry recorded no manifest digest for it (published "
                                 "before digests were recorded, or not through recflow): it is not loaded")
-    return digest
+    return version, record["artifact_uri"], digest
 
 
 def fetch_production(settings: Settings, version_uri: str, cache_dir: Path, *, aws_conn_id: str | None,

@@ -261,6 +261,30 @@ def test_presigned_url_signatures_stay_out_of_lineage_and_the_registry(tmp_path:
         assert "https://data.example/byo/feature_spec.yaml?<hidden>" in text, where
 
 
+def test_predict_takes_the_latest_version_from_the_registry_not_the_stores_pointer(tmp_path: Path, monkeypatch):
+    """Anyone who can write to the bucket can commit a version with a manifest of its own and move latest.json to
+    it; in a store of the deployment's, predict loads what the registry recorded, and refuses a version it did not."""
+    from tasks.criteo.predict import fetch_model
+    from tasks.release.publish import latest_version, make_version, publish_model
+
+    settings = Settings(data_root=tmp_path / "data")
+    monkeypatch.setenv("RECFLOW_DATA_ROOT", str(settings.data_root))
+    monkeypatch.delenv("RECFLOW_REGISTRY_CONN_ID", raising=False)
+    published = _publish(settings, tmp_path, CRITEO, "run-1", CRITEO)
+    store, _, _ = parse_model_uri(published["uri"])
+    planted = tmp_path / "planted.pt"
+    planted.write_bytes(b"not the registry's model")
+    later = make_version(datetime(2026, 2, 1, tzinfo=timezone.utc), "planted")
+    publish_model(store, CRITEO, later, {"model.pt": planted}, {"auc": 0.99}, {}, allowed_stores=[store])
+    assert latest_version(store, CRITEO)["version"] == later  # the store's own pointer moved
+
+    local = fetch_model(f"{store}/{CRITEO}", tmp_path / "cache")
+    assert local.name == published["version"] and (local / "model.pt").read_bytes() == b"weights of run-1"
+    with pytest.raises(UnverifiedVersion, match=rf"^{CRITEO} {later}: the registry recorded no manifest digest"):
+        fetch_model(f"{store}/{CRITEO}/versions/{later}", tmp_path / "cache")
+    assert not (tmp_path / "cache" / CRITEO / later).exists()
+
+
 def test_s3_prefix_check_compares_the_key_the_fetch_uses():
     """Item 14: 's3://b/allow%65d/x' is the object key 'allow%65d/x' (fetched verbatim), not under 's3://b/allowed'."""
     from tasks.core.download_sources import SourceNotAllowed, check_source_prefix
