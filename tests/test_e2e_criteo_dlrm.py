@@ -129,10 +129,15 @@ def test_a_worse_model_is_gated_out_by_scoring_production_on_the_same_rows(inges
     files = sorted(p.relative_to(production_dataset) for p in production_dataset.rglob("*.bin"))
     assert len(files) == 3 * 28 and "[nvtabular fit]" in run["log"]
     assert all((run_dir / "dataset" / f).read_bytes() == (production_dataset / f).read_bytes() for f in files)
-    from tasks.criteo.dlrm import publishable_files
+    from tasks.criteo.dlrm import publishable_files, run_paths
 
     settings = Settings(data_root=root)
-    assert "dictionary/nvt_workflow/workflow.pkl" in publishable_files(settings, run["run_id"], {})
+    # What a writer killed on another worker leaves (kept a day there): not part of the version.
+    paths = run_paths(settings, run["run_id"])
+    (paths.export / ".tmp-preprocessing.json~other-worker~12~ab").write_text("{")
+    (paths.dictionary / "nvt_workflow" / ".tmp-workflow.pkl~other-worker~12~cd").write_bytes(b"")
+    files = publishable_files(settings, run["run_id"], {})
+    assert "dictionary/nvt_workflow/workflow.pkl" in files and not any(".tmp-" in name for name in files)
     assert run["tasks"]["gate"]["state"] == "success"  # a failed gate is a decision, not a task failure
     assert run["state"] == "success", run["log"][-4000:]
     assert run["tasks"]["publish"]["state"] == "skipped"

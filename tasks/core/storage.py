@@ -122,6 +122,12 @@ def _temporary_sibling(final: Path) -> Path:
     return final.parent / f".tmp-{final.name}~{_HOST}~{os.getpid()}~{uuid.uuid4().hex[:8]}"
 
 
+def is_temporary(relative: Path) -> bool:
+    """Whether a path (relative to an output) is, or lies under, a writer's temporary or a lock file: never part of
+    what a reader copies or publishes (a killed writer on another host leaves one for a day)."""
+    return any(part.startswith((".tmp-", ".lock-")) for part in Path(relative).parts)
+
+
 def _writer_gone(path: Path, now: float) -> bool:
     parts = path.name.rsplit("~", 3)
     if len(parts) != 4 or not parts[2].isdigit() or parts[1] != _HOST:

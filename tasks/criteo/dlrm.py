@@ -12,7 +12,7 @@ from typing import Any
 from tasks.core.dlrm_knobs import dlrm_model_config
 from tasks.criteo import layout
 from tasks.core.config import Settings
-from tasks.core.storage import file_sha256, read_manifest, write_text_atomic
+from tasks.core.storage import file_sha256, is_temporary, read_manifest, write_text_atomic
 from tasks.release import runs
 from tasks.release.pipeline import TrainingPipeline, require_files, score_with_predict
 
@@ -213,11 +213,14 @@ def publishable_files(settings: Settings, run_id: str, run: dict[str, Any]) -> d
     files |= {f"{DICTIONARY_PREFIX}{path.name}": path for path in values}
     # the nvtabular engine's fitted workflow (nvt_jobs/criteo.py), which the dictionary was read from
     workflow = paths.dictionary / "nvt_workflow"
+    # (a temporary a killed writer on another worker left is not part of the version: publish would refuse its name)
     files |= {f"dictionary/nvt_workflow/{path.relative_to(workflow).as_posix()}": path
-              for path in sorted(workflow.rglob("*")) if path.is_file()}
+              for path in sorted(workflow.rglob("*"))
+              if path.is_file() and not is_temporary(path.relative_to(workflow))}
     files |= {f"triton/{path.relative_to(paths.export).as_posix()}": path
               for path in sorted(paths.export.rglob("*"))
-              if path.is_file() and path.name not in ("export.json", PREPROCESSING_FILE)}
+              if path.is_file() and path.name not in ("export.json", PREPROCESSING_FILE)
+              and not is_temporary(path.relative_to(paths.export))}
     missing = [] if values else [str(paths.dictionary / DICTIONARY / "*.parquet")]
     if not (paths.export / "dlrm" / "config.pbtxt").is_file():
         missing.append(str(paths.export / "dlrm" / "config.pbtxt"))

@@ -32,6 +32,9 @@ _MIN_PART_BYTES = 5 << 20
 _COPY_CHUNK = 8 << 20
 # Names the local backend uses for its own bookkeeping; keys may not use them, listings hide them.
 _RESERVED_PREFIXES = (".tmp-", ".lock-")
+# get_bytes reads only small objects (a version's manifest, metrics and lineage, a model's latest.json): a larger one
+# is not one of ours, and is refused before it is read into memory (a manifest lists ~200 bytes a file).
+SMALL_OBJECT_MAX = 16 << 20
 # S3 answers a lost conditional write with 412; a concurrent conditional write in flight gives 409.
 _CONDITION_FAILED = {"PreconditionFailed", "ConditionalRequestConflict", "412", "409"}
 _MISSING = {"NoSuchKey", "404", "NotFound"}
@@ -62,6 +65,10 @@ def _validate_prefix(prefix: str) -> str:
     return prefix
 
 
+class ObjectTooLarge(ValueError):
+    """An object larger than what reads it expects (a manifest's entry, a small object's cap): not read."""
+
+
 class ArtifactStore(abc.ABC):
     """A flat key → bytes store with atomic writes and compare-and-swap."""
 
@@ -78,8 +85,8 @@ class ArtifactStore(abc.ABC):
     def put_bytes(self, key: str, data: bytes) -> None: ...
 
     @abc.abstractmethod
-    def get_bytes(self, key: str) -> bytes | None:
-        """The object's content, or None if it does not exist."""
+    def get_bytes(self, key: str, max_bytes: int = SMALL_OBJECT_MAX) -> bytes | None:
+        """The object's content, or None if it does not exist; ObjectTooLarge, before reading it, over max_bytes."""
 
     @abc.abstractmethod
     def exists(self, key: str) -> bool: ...
@@ -89,8 +96,14 @@ class ArtifactStore(abc.ABC):
         """Sorted keys that start with `prefix` (a plain string prefix, as in S3)."""
 
     @abc.abstractmethod
-    def download_file(self, key: str, local_path: Path) -> Path:
-        """Copy an object to a local file atomically; FileNotFoundError if the key does not exist."""
+    def download_file(self, key: str, local_path: Path, max_bytes: int | None = None) -> Path:
+        """Copy an object to a local file atomically; FileNotFoundError if the key does not exist, ObjectTooLarge
+        (nothing written) if it is larger than max_bytes."""
+
+    def _too_large(self, key: str, size: int, max_bytes: int | None) -> None:
+        if max_bytes is not None and size > max_bytes:
+            raise ObjectTooLarge(f"artifact {self.url_for(key)} holds {size} bytes, more than the {max_bytes} "
+                                 "expected: not read")
 
     @abc.abstractmethod
     def compare_and_swap(self, key: str, data: bytes, expected: bytes | None) -> bool:
@@ -118,11 +131,15 @@ class LocalStore(ArtifactStore):
         with atomic_file(self._path(key)) as dst:
             dst.write(data)
 
-    def get_bytes(self, key: str) -> bytes | None:
+    def get_bytes(self, key: str, max_bytes: int = SMALL_OBJECT_MAX) -> bytes | None:
         try:
-            return self._path(key).read_bytes()
-        except FileNotFoundError:
+            with open(self._path(key), "rb") as src:
+                self._too_large(key, os.fstat(src.fileno()).st_size, max_bytes)
+                data = src.read(max_bytes + 1)
+        except (FileNotFoundError, IsADirectoryError):
             return None
+        self._too_large(key, len(data), max_bytes)  # grew while it was read
+        return data
 
     def exists(self, key: str) -> bool:
         return self._path(key).is_file()
@@ -141,13 +158,15 @@ class LocalStore(ArtifactStore):
                 keys.append(rel)
         return sorted(keys)
 
-    def download_file(self, key: str, local_path: Path) -> Path:
+    def download_file(self, key: str, local_path: Path, max_bytes: int | None = None) -> Path:
         source = self._path(key)
         if not source.is_file():
             raise FileNotFoundError(f"artifact {self.url_for(key)} does not exist")
         local_path = Path(local_path)
-        with open(source, "rb") as src, atomic_file(local_path) as dst:
-            shutil.copyfileobj(src, dst, _COPY_CHUNK)
+        with open(source, "rb") as src:
+            self._too_large(key, os.fstat(src.fileno()).st_size, max_bytes)
+            with atomic_file(local_path) as dst:
+                shutil.copyfileobj(src, dst, _COPY_CHUNK)
         return local_path
 
     def compare_and_swap(self, key: str, data: bytes, expected: bytes | None) -> bool:
@@ -159,7 +178,7 @@ class LocalStore(ArtifactStore):
         with open(lock_path, "a") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
             try:
-                current = path.read_bytes() if path.is_file() else None
+                current = self.get_bytes(key)
                 if current != expected:
                     return False
                 with atomic_file(path) as dst:
@@ -205,7 +224,7 @@ class S3Store(ArtifactStore):
     def put_bytes(self, key: str, data: bytes) -> None:
         self.client.put_object(Bucket=self.bucket, Key=self._key(key), Body=data)
 
-    def _get(self, key: str) -> tuple[bytes, str] | None:
+    def _get(self, key: str, max_bytes: int = SMALL_OBJECT_MAX) -> tuple[bytes, str] | None:
         from botocore.exceptions import ClientError
 
         try:
@@ -214,10 +233,14 @@ class S3Store(ArtifactStore):
             if _error_code(exc) in _MISSING:
                 return None
             raise
-        return response["Body"].read(), response["ETag"]
+        with contextlib.closing(response["Body"]) as body:
+            self._too_large(key, int(response.get("ContentLength") or 0), max_bytes)
+            data = body.read(max_bytes + 1)
+        self._too_large(key, len(data), max_bytes)
+        return data, response["ETag"]
 
-    def get_bytes(self, key: str) -> bytes | None:
-        found = self._get(key)
+    def get_bytes(self, key: str, max_bytes: int = SMALL_OBJECT_MAX) -> bytes | None:
+        found = self._get(key, max_bytes)
         return None if found is None else found[0]
 
     def exists(self, key: str) -> bool:
@@ -240,13 +263,16 @@ class S3Store(ArtifactStore):
             keys.extend(obj["Key"][len(root) :] for obj in page.get("Contents", []))
         return sorted(keys)
 
-    def download_file(self, key: str, local_path: Path) -> Path:
+    def download_file(self, key: str, local_path: Path, max_bytes: int | None = None) -> Path:
         from botocore.exceptions import ClientError
 
         local_path = Path(local_path)
         local_path.parent.mkdir(parents=True, exist_ok=True)
         tmp = local_path.parent / f".tmp-{local_path.name}-{uuid.uuid4().hex[:8]}"
         try:
+            if max_bytes is not None:  # the size is checked before any byte lands on disk
+                head = self.client.head_object(Bucket=self.bucket, Key=self._key(key))
+                self._too_large(key, int(head["ContentLength"]), max_bytes)
             self.client.download_file(self.bucket, self._key(key), str(tmp))
             os.replace(tmp, local_path)
         except ClientError as exc:

@@ -148,16 +148,25 @@ def _read_manifest(store: ArtifactStore, model_name: str, version: str) -> dict[
     return None if found is None else found[0]
 
 
-def _read_manifest_bytes(store: ArtifactStore, model_name: str, version: str) -> tuple[dict[str, Any], str] | None:
-    """(parsed manifest, sha256 of its bytes) of a version, or None when it has none."""
-    raw = store.get_bytes(_version_prefix(model_name, version) + MANIFEST_NAME)
+def _read_manifest_bytes(store: ArtifactStore, model_name: str, version: str,
+                         trusted_sha256: str | None = None) -> tuple[dict[str, Any], str] | None:
+    """(parsed manifest, sha256 of its bytes) of a version, or None when it has none. trusted_sha256: the digest the
+    registry recorded at publish time; other bytes are TamperedVersion, refused before they are parsed."""
+    key = _version_prefix(model_name, version) + MANIFEST_NAME
+    raw = store.get_bytes(key)
     if raw is None:
         return None
+    digest = hashlib.sha256(raw).hexdigest()
+    if trusted_sha256 is not None and digest != trusted_sha256:
+        raise TamperedVersion(f"refusing {model_name} version {version}: {store.url_for(key)} has sha256 "
+                              f"{digest[:16]}, not the {trusted_sha256[:16]} the registry recorded when it was "
+                              "published (changed in the store since); nothing of it was fetched or loaded")
     try:
         manifest = json.loads(raw)
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"manifest of {model_name} version {version} is not valid JSON: {exc}") from None
-    return manifest, hashlib.sha256(raw).hexdigest()
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:
+        raise ValueError(f"manifest of {model_name} version {version} is not valid JSON: "
+                         f"{str(exc).splitlines()[0][:200]}") from None
+    return manifest, digest
 
 
 def _check_same_content(existing: dict[str, Any], planned: dict[str, dict[str, Any]], where: str) -> None:
@@ -318,22 +327,21 @@ def _committed_manifest(store: ArtifactStore, model_name: str, version: str,
     validate_name("model name", model_name)
     validate_name("version", version)
     where = store.url_for(_version_prefix(model_name, version) + MANIFEST_NAME)
-    found = _read_manifest_bytes(store, model_name, version)
+    found = _read_manifest_bytes(store, model_name, version, trusted_sha256)
     if found is None:
         raise FileNotFoundError(f"{model_name} version {version} is not published: no {where}")
-    manifest, digest = found
-    if trusted_sha256 is not None and digest != trusted_sha256:
-        raise TamperedVersion(f"refusing {model_name} version {version}: {where} has sha256 {digest[:16]}, not the "
-                              f"{trusted_sha256[:16]} the registry recorded when it was published (changed in the "
-                              "store since); nothing of it was fetched or loaded")
+    manifest, _ = found
     files = manifest.get("files") if isinstance(manifest, dict) else None
     if not isinstance(files, dict):
         raise ValueError(f"{where} has no 'files' mapping")
-    for name in files:  # a name becomes a local path when fetched: check them all before any folder is made
+    for name, entry in files.items():  # a name becomes a local path when fetched: all checked before any folder
         try:
             validate_key(name)
         except ValueError as exc:
             raise ValueError(f"{where} names an unsafe file: {exc}") from None
+        if not (isinstance(entry, dict) and type(entry.get("bytes")) is int and entry["bytes"] >= 0
+                and isinstance(entry.get("sha256"), str)):
+            raise ValueError(f"{where}: the entry of {name!r} is not {{'bytes': <int>, 'sha256': <hex>}}")
     return manifest
 
 
@@ -375,7 +383,7 @@ def _fetch_file(store: ArtifactStore, model_name: str, version: str, manifest: d
     local_path.parent.mkdir(parents=True, exist_ok=True)
     tmp = local_path.parent / f".tmp-{local_path.name}-{os.getpid()}-{random.getrandbits(32):08x}"
     try:
-        store.download_file(key, tmp)
+        store.download_file(key, tmp, max_bytes=entry["bytes"])  # a larger object never reaches the disk
         got = {"bytes": tmp.stat().st_size, "sha256": file_sha256(tmp)}
         if got != {"bytes": entry["bytes"], "sha256": entry["sha256"]}:
             raise ValueError(f"{store.url_for(key)} does not match its manifest: {got['bytes']} bytes sha256 "

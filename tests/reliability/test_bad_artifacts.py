@@ -198,6 +198,44 @@ def test_published_file_name_with_dotdot(tmp_path, model_file):
                     files={"../../latest.json": model_file})
 
 
+
+def _store(kind: str, tmp_path: Path, s3_server, s3_bucket):
+    from tasks.release.artifact_store import open_store
+
+    return (open_store(str(tmp_path / "store")) if kind == "local"
+            else open_store(f"s3://{s3_bucket}/published", s3_server.client()))
+
+
+@pytest.mark.parametrize("kind", ["local", "s3"])
+def test_an_object_larger_than_expected_is_refused_before_it_is_read(tmp_path, s3_server, s3_bucket, kind):
+    """A small object (manifest, latest.json) over its cap is never read into memory; a version's file larger than
+    its manifest says never lands on disk (a bucket writer could otherwise fill a gate worker's memory or disk)."""
+    from tasks.release.artifact_store import ObjectTooLarge
+
+    store = _store(kind, tmp_path, s3_server, s3_bucket)
+    store.put_bytes("m/latest.json", b"0123456789")
+    assert store.get_bytes("m/latest.json", max_bytes=10) == b"0123456789"
+    with pytest.raises(ObjectTooLarge) as caught:
+        store.get_bytes("m/latest.json", max_bytes=9)
+    one_line(caught.value, "m/latest.json holds 10 bytes, more than the 9 expected: not read")
+    with pytest.raises(ObjectTooLarge):
+        store.download_file("m/latest.json", tmp_path / "got" / "model.pt", max_bytes=9)
+    assert not (tmp_path / "got").exists() or list((tmp_path / "got").iterdir()) == []
+    assert store.download_file("m/latest.json", tmp_path / "ok.bin", max_bytes=10).read_bytes() == b"0123456789"
+
+
+def test_a_manifest_replaced_by_garbage_is_tampered_not_parsed(tmp_path, model_file):
+    """With the registry's digest the bytes are compared before they are parsed: not JSON is TamperedVersion too."""
+    from tasks.release.publish import TamperedVersion, fetch_published_version, publish_model
+
+    store = tmp_path / "store"
+    result = publish_model(str(store), "criteo_dlrm", "v1", {"model.pt": model_file}, {"auc": 0.8}, {},
+                           allowed_stores=[str(store)])
+    (store / "criteo_dlrm" / "versions" / "v1" / "_MANIFEST.json").write_bytes(b"[" * 100_000)
+    with pytest.raises(TamperedVersion):
+        fetch_published_version(str(store), "criteo_dlrm", "v1", tmp_path / "got", None, result.manifest_sha256)
+    assert not (tmp_path / "got").exists()
+
 # ---- Spark jobs: a crashing child and a bad profile -------------------------------------------------------------
 
 
