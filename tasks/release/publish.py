@@ -199,8 +199,10 @@ def _upload_version(store: ArtifactStore, prefix: str, files: dict[str, Path], e
 
 
 def publish_model(store_uri: str, model_name: str, version: str, files: dict[str, Path], metrics: dict,
-                  lineage: dict, s3_client=None, allowed_stores: Sequence[str] | None = None) -> PublishResult:
-    """Upload a model version (files, metrics, lineage, manifest last) and move latest.json to it if it is newer.
+                  lineage: dict, s3_client=None, allowed_stores: Sequence[str] | None = None,
+                  move_latest: bool = True) -> PublishResult:
+    """Upload a model version (files, metrics, lineage, manifest last) and move latest.json to it if it is newer
+    (move_latest=False: leave that to advance_latest, once the registry has recorded the version).
 
     files: published name (may hold '/', e.g. 'dictionary/cat_0.parquet') → local path. allowed_stores: where
     store_uri may point (check_store_allowed; None = the deployment's list, so no caller can forget the check).
@@ -244,7 +246,7 @@ def publish_model(store_uri: str, model_name: str, version: str, files: dict[str
             cached = True
 
     uri = _version_uri(store, model_name, version)
-    became_latest = _advance_pointer(store, model_name, version, uri, metrics)
+    became_latest = _advance_pointer(store, model_name, version, uri, metrics) if move_latest else False
     sizes = {name: entry["bytes"] for name, entry in planned.items()}
     return PublishResult(model_name, version, uri, sizes, became_latest, cached, digest)
 
@@ -260,6 +262,13 @@ def _parse_pointer(raw: bytes | None, where: str) -> dict[str, Any] | None:
         pass
     log.warning("pointer %s is not a JSON object with a 'version': treating it as absent", where)
     return None
+
+
+def advance_latest(store_uri: str, model_name: str, version: str, metrics: dict, s3_client=None) -> bool:
+    """Move the model's latest.json to a committed `version` unless it names one at or after it; True if it names
+    ours."""
+    store = open_store(store_uri, s3_client)
+    return _advance_pointer(store, model_name, version, _version_uri(store, model_name, version), metrics)
 
 
 def _advance_pointer(store: ArtifactStore, model_name: str, version: str, uri: str, metrics: dict) -> bool:

@@ -134,9 +134,11 @@ def publish_run(settings: Settings, *, pipeline: str, run_id: str, when: datetim
                 store_uri: str | None = None, aws_conn_id: str | None = None,
                 registry_conn_id: str | None = None) -> dict[str, Any]:
     """Upload a self-contained version (`files()`: name in the version -> local path; raises FileNotFoundError
-    naming what is missing), its metrics and lineage; then move latest (the store's latest.json and the registry's
-    `latest` alias, each by compare-and-set). The store and connection a form names are checked first."""
-    from tasks.release.publish import check_store_allowed, make_version, publish_model
+    naming what is missing), its metrics and lineage; record it in the registry and move its `latest` alias; then the
+    store's latest.json (each by compare-and-set). The store and connection a form names are checked first. The
+    pointer moves last, so that a publish the registry refuses (another pipeline claimed the name first) or cannot
+    record never leaves latest.json naming a version the registry does not know; a retry finishes the move."""
+    from tasks.release.publish import advance_latest, check_store_allowed, make_version, publish_model
 
     store = store_uri or settings.publish_store
     check_store_allowed(store, settings.allowed_publish_stores)  # a form's publish_uri: refused before any work
@@ -144,7 +146,7 @@ def publish_run(settings: Settings, *, pipeline: str, run_id: str, when: datetim
     with open_registry(settings, registry_conn_id) as registry:
         registry.check_owner(model_name, pipeline)  # another pipeline's model name: refused before any upload
     result = publish_model(store, model_name, make_version(when, run_id), files(), metrics, lineage_doc,
-                           s3_client=s3_client, allowed_stores=settings.allowed_publish_stores)
+                           s3_client=s3_client, allowed_stores=settings.allowed_publish_stores, move_latest=False)
     with open_registry(settings, registry_conn_id) as registry:
         # Claims the name for this pipeline (the first publish does; a racing other pipeline is refused here) and
         # records the manifest's digest, the only form in which the version is ever loaded again.
@@ -153,6 +155,7 @@ def publish_run(settings: Settings, *, pipeline: str, run_id: str, when: datetim
         registry.promote(model_name, result.version)
         production = registry.alias(model_name)
         registry.set_run_status(pipeline, run_id, "published", metrics=metrics, artifact_uri=result.uri)
+    advance_latest(store, model_name, result.version, metrics, s3_client)
     became_latest = bool(production and production["version"] == result.version)
     log.info("published %s version %s to %s%s", model_name, result.version, result.uri,
              " (now latest)" if became_latest else f" (latest stays {production and production['version']})")

@@ -188,6 +188,30 @@ def test_another_pipeline_cannot_publish_under_a_claimed_model_name(tmp_path: Pa
     assert _publish(settings, tmp_path, BYO, "byo-2", "byo_model")["became_latest"]
 
 
+def test_the_stores_pointer_moves_only_once_the_registry_recorded_the_version(tmp_path: Path, monkeypatch):
+    """A publish the registry refuses (the loser of a race for a new model name) or cannot reach leaves latest.json
+    where it was; the retry that records the version moves it."""
+    from tasks.release.publish import latest_version
+    from tasks.release.registry import ModelOwnedElsewhere, Registry
+
+    settings = Settings(data_root=tmp_path / "data")
+    first = _publish(settings, tmp_path, CRITEO, "run-1", CRITEO)
+    store, _, _ = parse_model_uri(first["uri"])
+    record_version = Registry.record_version
+
+    def claimed_in_between(self, model_name, *args, **kwargs):  # another pipeline won the name after check_owner
+        raise ModelOwnedElsewhere(f"model name {model_name!r} belongs to pipeline 'rival'")
+
+    monkeypatch.setattr(Registry, "record_version", claimed_in_between)
+    with pytest.raises(ModelOwnedElsewhere):
+        _publish(settings, tmp_path, CRITEO, "run-2", CRITEO)
+    assert latest_version(store, CRITEO)["version"] == first["version"]
+    monkeypatch.setattr(Registry, "record_version", record_version)
+    retried = _publish(settings, tmp_path, CRITEO, "run-2", CRITEO)
+    assert retried["cached"] and retried["became_latest"]
+    assert latest_version(store, CRITEO)["version"] == retried["version"] != first["version"]
+
+
 def test_a_form_cannot_loosen_the_release_thresholds(monkeypatch, tmp_path: Path):
     """Item 3: max_regression=1 / min_auc=0 from a trigger form is refused; a tighter value is taken."""
     from tasks.core.profiles import ReleaseThresholdLoosened, resolve_knobs
