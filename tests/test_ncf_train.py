@@ -225,8 +225,27 @@ def test_stopped_run_resumes_from_its_checkpoint_and_ends_like_a_straight_run(st
     expected = json.loads((straight_out / "metrics.json").read_text())
     # negatives, order and dropout depend only on (seed, epoch/step): resuming repeats and loses nothing
     assert metrics["hr@10"] == expected["hr@10"] and metrics["ndcg@10"] == pytest.approx(expected["ndcg@10"])
-    epochs = [json.loads(line)["epoch"] for line in (tmp_path / "train_log.jsonl").read_text().splitlines()]
-    assert epochs == [0, 1, 2, 3]
+    records = [json.loads(line) for line in (tmp_path / "train_log.jsonl").read_text().splitlines()]
+    straight_records = [json.loads(line) for line in (straight_out / "train_log.jsonl").read_text().splitlines()]
+    assert [r["epoch"] for r in records] == [0, 1, 2, 3]
+    # the epoch the stop cut carries its loss over the resume: every epoch's loss is the straight run's
+    assert [r["loss"] for r in records] == pytest.approx([r["loss"] for r in straight_records], rel=1e-6)
+
+
+def test_a_stop_at_an_epochs_end_records_and_evaluates_that_epoch_first(straight_run, dataset: Path,
+                                                                        tmp_path: Path):
+    """The epoch's end (record, evaluation, checkpoint) comes before the stop: a resume starts the next epoch with
+    nothing of the finished one lost."""
+    straight, straight_out = straight_run
+    end = json.loads((straight_out / "metrics.json").read_text())["steps_per_epoch"]
+    args = _args(dataset, tmp_path, epochs=4, checkpoint_every_steps=25)
+    assert main([*args, "--stop_after_steps", str(end)]).steps == end
+    records = [json.loads(line) for line in (tmp_path / "train_log.jsonl").read_text().splitlines()]
+    assert [r["epoch"] for r in records] == [0] and "hr@10" in records[0]
+    main(args)
+    records = [json.loads(line) for line in (tmp_path / "train_log.jsonl").read_text().splitlines()]
+    straight_records = [json.loads(line) for line in (straight_out / "train_log.jsonl").read_text().splitlines()]
+    assert [(r["epoch"], r.get("hr@10")) for r in records] == [(r["epoch"], r.get("hr@10")) for r in straight_records]
 
 
 @pytest.mark.parametrize("precision,xla", [("bf16", True), ("fp16", False)])

@@ -88,6 +88,9 @@ def test_stopped_run_resumes_from_its_checkpoint_and_ends_like_a_straight_run(st
     assert metrics["map@12"] == pytest.approx(expected["map@12"], abs=1e-3)
     assert metrics["final_train_loss"] == pytest.approx(expected["final_train_loss"], rel=1e-3)
     assert metrics["resumed_from_step"] == 30 and [r["epoch"] for r in metrics["history"]] == [0, 1, 2, 3]
+    # the epoch the stop cut carries its loss over the resume: every epoch's loss is the straight run's
+    assert [r["loss"] for r in metrics["history"]] == pytest.approx([r["loss"] for r in expected["history"]],
+                                                                    rel=1e-4)
 
 
 def test_amp_runs_bf16_on_cpu_with_xla(dataset: Path, tmp_path: Path):

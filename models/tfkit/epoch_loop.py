@@ -85,8 +85,8 @@ class EpochRun:
 
     # ---- shared -------------------------------------------------------------------------------------------------
 
-    def save(self) -> None:
-        self.state.save(self.step, self.description())
+    def save(self, partial: dict[str, Any] | None = None) -> None:
+        self.state.save(self.step, self.description(), partial)
 
     def evaluate(self, scorer: Any) -> dict[str, float] | None:
         """The chief scores while the other workers wait; None on the others."""
@@ -120,7 +120,17 @@ def train_epochs(run: EpochRun) -> bool:
     meter = ProgressMeter(run.total_steps, run.step, run.global_batch)
     for epoch in range(run.step // run.steps_per_epoch, cfg.epochs):
         batches = run.epoch_batches(epoch, run.step - epoch * run.steps_per_epoch)
+        # A resume mid-epoch carries on the epoch's loss from the checkpoint (summed in step order, as one run
+        # sums it), so its record is the whole epoch's whether or not the run was interrupted.
+        carried_loss, carried_steps, carried_seconds = run.state.partial_epoch(epoch, run.step)
         losses, started = [], time.perf_counter()
+
+        def so_far() -> tuple[float, int]:
+            total = carried_loss
+            for x in losses:
+                total += float(x)
+            return total, carried_steps + len(losses)
+
         for inputs, labels in batches:
             losses.append(train_step(inputs, labels, tf.constant([cfg.seed, run.step], tf.int64)))
             run.step += 1
@@ -128,26 +138,33 @@ def train_epochs(run: EpochRun) -> bool:
                 stats = meter.report(run.step)
                 run.log(f"step {run.step}/{run.total_steps} epoch {epoch} loss {float(losses[-1]):.5f} samples/s "
                         f"{stats.samples_per_second:,.0f} eta {format_duration(stats.eta_seconds)}")
-            if cfg.stop_after_steps is not None and run.step >= cfg.stop_after_steps:
-                run.save()
+            if run.step % run.steps_per_epoch == 0:
+                continue  # the epoch's end: recorded, evaluated and saved below, before any stop
+            stop = cfg.stop_after_steps is not None and run.step >= cfg.stop_after_steps
+            if stop or (cfg.checkpoint_every_steps and run.step % cfg.checkpoint_every_steps == 0):
+                loss_sum, steps = so_far()
+                run.save({"epoch": epoch, "step": run.step, "loss_sum": loss_sum, "steps": steps,
+                          "seconds": carried_seconds + time.perf_counter() - started})
+            if stop:
                 run.log(f"stopping after step {run.step} (stop_after_steps): rerun to resume")
                 return True
-            if cfg.checkpoint_every_steps and run.step % cfg.checkpoint_every_steps == 0 \
-                    and run.step % run.steps_per_epoch:
-                run.save()
         seconds = time.perf_counter() - started
         run.train_seconds += seconds
-        loss = float(np.mean([float(x) for x in losses])) if losses else float("nan")
+        loss_sum, steps = so_far()
+        loss = loss_sum / steps if steps else float("nan")
         if not np.isfinite(loss):
             raise FloatingPointError(f"epoch {epoch}: training loss is {loss}: the model diverged")
         rate = len(losses) * run.global_batch / max(seconds, 1e-9)
         record: dict[str, Any] = {"epoch": epoch, "step": run.step, "loss": loss, "samples_per_second": rate,
-                                  "seconds": seconds}
+                                  "seconds": carried_seconds + seconds}
         if (epoch + 1) % cfg.eval_every == 0 or epoch + 1 == cfg.epochs:
             record.update(run.evaluate(scorer) or {})
         run.log(f"epoch {epoch} done: loss {loss:.5f}, {rate:,.0f} samples/s" + run.epoch_metrics_line(record))
         run.state.record(record)
         run.save()
+        if cfg.stop_after_steps is not None and run.step >= cfg.stop_after_steps and epoch + 1 < cfg.epochs:
+            run.log(f"stopping after step {run.step} (stop_after_steps): rerun to resume")
+            return True
     return False
 
 

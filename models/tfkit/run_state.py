@@ -59,6 +59,7 @@ class RunState:
         self.ctx = ctx
         self.log = log
         self.records: list[dict[str, Any]] = []
+        self.partial: dict[str, Any] | None = None  # the unfinished epoch of the checkpoint resumed from
 
     def resume(self, description: dict[str, Any]) -> int | None:
         """Restore the newest checkpoint, refusing one of another model; its step, or None for a fresh run."""
@@ -74,6 +75,8 @@ class RunState:
             self.log(f"warning: resuming {Path(path).name} with changed settings {changed} (sample order differs)")
         self.checkpoints.restore_latest()
         step = int(self.step_var.numpy())
+        partial = saved.get("partial_epoch")
+        self.partial = partial if isinstance(partial, dict) and partial.get("step") == step else None
         records = read_records(self.out, step)
         if records is not None:
             self.records = records
@@ -82,13 +85,22 @@ class RunState:
         self.log(f"resumed from step {step} ({path})")
         return step
 
-    def save(self, step: int, description: dict[str, Any]) -> None:
-        """Every worker saves together; the chief's copy is the one kept."""
+    def save(self, step: int, description: dict[str, Any], partial: dict[str, Any] | None = None) -> None:
+        """Every worker saves together; the chief's copy is the one kept. `partial`: what the epoch that `step` falls
+        inside has done so far (its epoch, step, loss sum, steps and seconds), for a resume to carry on."""
         self.step_var.assign(step)
         if self.ctx.is_chief:
-            write_text_atomic(self.run_file, json.dumps(description, indent=2))
+            write_text_atomic(self.run_file, json.dumps({**description, "partial_epoch": partial}, indent=2))
         path = self.checkpoints.save(step)
         self.log(f"checkpoint step {step} -> {path}")
+
+    def partial_epoch(self, epoch: int, step: int) -> tuple[float, int, float]:
+        """(loss sum, steps, seconds) `epoch` had done before the checkpoint at `step` this run resumed from; zeros
+        when it resumed at an epoch's start (or from a checkpoint that did not record them)."""
+        partial = self.partial
+        if partial and partial.get("epoch") == epoch and partial.get("step") == step:
+            return float(partial["loss_sum"]), int(partial["steps"]), float(partial["seconds"])
+        return 0.0, 0, 0.0
 
     def record(self, record: dict[str, Any]) -> None:
         self.records.append(record)
