@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import re
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -23,6 +25,7 @@ from models.ncf.train import main, parse_args  # noqa: E402
 from tasks.core.launch import TrainingFailed, tf_worker_envs, train_with_tf_workers  # noqa: E402
 from tasks.core.process import ChildCommand, run_streaming_group  # noqa: E402
 from tasks.core.storage import Manifest, write_manifest  # noqa: E402
+from tests.conftest import REPO  # noqa: E402
 
 TINY = {"factors": 8, "mlp_sizes": [32, 16, 8], "dropout": 0.2, "batch_size": 512, "learning_rate": 0.01,
         "log_every_steps": 20, "intra_op_threads": 1, "inter_op_threads": 1}
@@ -159,6 +162,46 @@ def test_micro_batches_follow_a_batch_size_the_trace_does_not_know():
     odd = ((tf.constant(rng.integers(0, 30, 30)), tf.constant(rng.integers(0, 20, 30))), tf.zeros(30))
     with pytest.raises(tf.errors.InvalidArgumentError, match="does not split into 4 micro-batches"):
         step(*odd, tf.constant([1, 9], tf.int64))
+
+
+_TWO_REPLICA_DROPOUT = """
+import numpy as np
+import tensorflow as tf
+
+tf.config.set_logical_device_configuration(tf.config.list_physical_devices("CPU")[0],
+                                           [tf.config.LogicalDeviceConfiguration()] * 2)
+import keras
+
+from models.ncf.model import NeuMFConfig, build_model
+from models.tfkit.training import make_train_step
+
+rng = np.random.default_rng(4)
+inputs = (tf.constant(rng.integers(0, 30, 64)), tf.constant(rng.integers(0, 20, 64)))
+labels = tf.constant(rng.integers(0, 2, 64).astype(np.float32))
+losses, weights = [], None
+for devices in (["/cpu:0"], ["/cpu:0", "/cpu:1"]):
+    strategy = tf.distribute.MirroredStrategy(devices)
+    with strategy.scope():
+        keras.utils.set_random_seed(5)
+        model = build_model(NeuMFConfig(users=30, items=20, factors=4, mlp_sizes=(8, 8, 4), dropout=0.5))
+        if weights is not None:
+            model.set_weights(weights)
+        weights = model.get_weights()
+        step = make_train_step(model, keras.optimizers.SGD(0.0), strategy, 64)
+    losses.append(float(step(inputs, labels, tf.constant([1, 7], tf.int64))))
+print("LOSSES", *losses)
+"""
+
+
+def test_each_replica_draws_dropout_masks_of_its_own():
+    """Two replicas (two logical CPUs, as two workers would be) handed the same rows: with masks of their own their
+    summed loss is not twice one replica's, which it was when every worker drew the first worker's masks."""
+    out = subprocess.run([sys.executable, "-c", _TWO_REPLICA_DROPOUT], cwd=REPO, capture_output=True, text=True,
+                         timeout=300, env={**os.environ, "PYTHONPATH": str(REPO)})
+    lines = [line for line in out.stdout.splitlines() if line.startswith("LOSSES ")]
+    assert out.returncode == 0 and lines, out.stderr[-3000:]
+    one, two = map(float, lines[-1].split()[1:])
+    assert abs(two - 2 * one) > 1e-5, (one, two)
 
 
 def test_auto_micro_batches_bound_a_cpu_step_and_leave_a_gpu_alone():

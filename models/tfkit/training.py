@@ -36,6 +36,10 @@ def make_train_step(model: keras.Model, optimizer: keras.optimizers.Optimizer, s
         return loss, tape.gradient(scaled, model.trainable_variables)
 
     def replica_step(inputs: Any, labels: tf.Tensor, seed: tf.Tensor):
+        # Each worker's rows get masks of their own (one worker, replica 0: the seed as it is). Without the offset
+        # every worker drew the same masks, so a global batch held only batch / workers distinct mask rows.
+        replica = tf.cast(tf.distribute.get_replica_context().replica_id_in_sync_group, tf.int64)
+        seed = seed + tf.stack([replica * _REPLICA_SEED_STRIDE, tf.constant(0, tf.int64)])
         if micro_batches == 1:
             loss, gradients = loss_and_gradients(inputs, labels, seed)
         else:
@@ -89,6 +93,7 @@ def micro_batches(requested: int, local_batch: int, on_gpu: bool) -> int:
 
 
 _SLICE_SEED_STRIDE = 1_000_000_007  # micro-batch c's dropout seed: (seed + c x this, step)
+_REPLICA_SEED_STRIDE = 2_147_483_647  # replica r's: (seed + r x this, step); no (r, c) pair meets another's
 
 
 def _add(a: Any, b: Any) -> Any:
