@@ -22,9 +22,9 @@ Configuration: a `profile` (`full`: NVIDIA's recipe, the default of scheduled ru
 every knob a value; a knob param left empty takes the profile's. Retraining: `criteo_ingest`'s retrain gate
 triggers a run once a complete new window of days has landed; the timetable below (`RECFLOW_RETRAIN_CRON`) is a
 safety net that trains the newest complete window only if it is newer than the last trained one. With
-`train_days` / `test_day` empty, the newest ingested day is the test day and the `window_days` days
-before it are the train days. Needs `criteo_ingest` to have run
-for every day of the window. Outputs live under `<data root>/runs/criteo_dlrm/<run id>/`.
+`train_days` / `test_day` empty, the newest complete window is trained (its test day and the `window_days` days
+before it all ingested); a run triggered by hand trains it even if it was trained before. Needs `criteo_ingest` to
+have run for every day of the window. Outputs live under `<data root>/runs/criteo_dlrm/<run id>/`.
 """
 
 from __future__ import annotations
@@ -61,7 +61,9 @@ record_failure = failure_callback("criteo_dlrm")
                                         "Empty = the window_days days before the test day."),
         "test_day": Param(None, type=["null", "integer"], minimum=0, maximum=10_000, title="Test day",
                           description="Day held out: first half = test, second half = validation (file order). "
-                                      "Empty = the newest ingested day."),
+                                      "Empty = the test day of the newest complete window (it and the "
+                                      "window_days days before it ingested); a run triggered here trains it even "
+                                      "if it was trained before."),
         "reason": Param(None, type=["null", "string"], maxLength=2000, title="Why this run",
                         description="Set by criteo_ingest's retrain gate (which window landed, and why it is new). "
                                     "Leave empty when triggering by hand."),

@@ -106,6 +106,9 @@ def test_the_training_dag_rechecks_and_its_cron_trains_only_something_new(deploy
     assert plan_run(deployment, {}, 2, "scheduled") == (None, "skipped: test day 3 is not newer than the last "
                                                               "trained window's (3)")
     assert plan_run(deployment, gate_conf, 2, "manual")[0] is None  # trained meanwhile by another run
+    # A run triggered by hand with the window left empty trains the newest complete window, trained or not.
+    assert plan_run(deployment, {}, 2, "manual") == ({"train_days": [1, 2], "test_day": 3},
+                                                     "manual run: days 1-2 + test day 3 have all landed")
     # An operator's explicit window is trained as asked, even an old one.
     assert plan_run(deployment, {"train_days": "0-1", "test_day": 2}, 2, "manual") == (
         {"train_days": [0, 1], "test_day": 2}, "manual run with an explicit window")

@@ -103,7 +103,10 @@ def plan_run(settings, params: dict[str, Any], window_days: int, run_type: str) 
 
     - from the retrain gate (conf with a reason): re-checked, since another run may have trained it meanwhile;
     - explicit train_days / test_day without a reason: the operator's choice, trained as asked;
-    - the cron safety net or an empty conf: the newest complete window, if it is newer than the last trained one.
+    - the cron safety net (or any run not started by hand) with an empty conf: the newest complete window, if it is
+      newer than the last trained one;
+    - a manual run with an empty window: the newest complete window, trained as asked even if it was trained
+      before (a person trying another framework or knob on the current window expects a run, not a skip).
     """
 
     if params.get("test_day") is not None or params.get("train_days"):
@@ -116,6 +119,6 @@ def plan_run(settings, params: dict[str, Any], window_days: int, run_type: str) 
     window, why = newest_complete_window(ingested_days(settings), window_days)
     if window is None:
         return None, f"skipped: {why}"
-    if stale := stale_reason(window, last_trained_test_day(settings)):
+    if run_type != "manual" and (stale := stale_reason(window, last_trained_test_day(settings))):
         return None, f"skipped: {stale}"
     return window, f"{run_type} run: {why}"
