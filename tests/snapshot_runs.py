@@ -27,6 +27,12 @@ def check_a_trained_snapshot_is_not_retrained(settings: Settings, resolve_run: C
     assert resolve_run(settings, params, "asset_triggered") is None
     assert resolve_run(settings, params, "manual") is not None  # by hand: the user asked for it
     assert resolve_run(settings, {**params, "profile": "full"}, "asset_triggered") is not None  # another profile
+    # a run of another model name (an experiment) trained it: new work for the pipeline's own model, and the other way
+    assert resolve_run(settings, {**params, "model_name": "experiment"}, "asset_triggered") is not None
+    with open_registry(settings) as registry:
+        registry.register_run(pipeline, "experiment", "r2", dataset=dataset, window=run["window"], config_hash="c")
+        registry.set_run_status(pipeline, "r2", status)
+    assert resolve_run(settings, {**params, "model_name": "experiment"}, "asset_triggered") is None
     write_manifest(validated_dir, Manifest(kind="test", inputs={source_key: "b"}))
     assert resolve_run(settings, params, "asset_triggered") is not None  # a new snapshot: new work
     return run

@@ -24,9 +24,10 @@ def land(root: Path, *days: int) -> None:
         write_manifest(out, Manifest(kind="criteo_day_stats", inputs={"day": day}))
 
 
-def trained(settings: Settings, run_id: str, train_days: list[int], test_day: int, status: str = "trained") -> None:
+def trained(settings: Settings, run_id: str, train_days: list[int], test_day: int, status: str = "trained",
+            model_name: str = "criteo_dlrm") -> None:
     with open_registry(settings) as registry:
-        registry.register_run(PIPELINE, "criteo_dlrm", run_id, dataset="criteo",
+        registry.register_run(PIPELINE, model_name, run_id, dataset="criteo",
                               window={"train_days": train_days, "test_day": test_day}, config_hash="c")
         registry.set_run_status(PIPELINE, run_id, status)
 
@@ -88,6 +89,16 @@ def test_a_window_already_trained_is_not_trained_again(deployment):
     assert decide_retrain(context()) == ("no retrain: test day 3 is not newer than the last trained window's (3)")
     land(deployment.data_root, 4)
     assert decide_retrain(context()).run_id == "retrain__test_4__train_2-3"
+
+
+def test_an_experiment_under_another_model_name_does_not_count_as_trained(deployment):
+    """A run an operator tried under model_name=dlrm_try on the newest window leaves the production model's window new:
+    the retrain gate and the cron still train it (under criteo_dlrm), and a run of dlrm_try sees its own."""
+    land(deployment.data_root, 0, 1, 2, 3)
+    trained(deployment, "try-1", [1, 2], 3, status="gated_out", model_name="dlrm_try")
+    assert decide_retrain(context()).run_id == "retrain__test_3__train_1-2"
+    assert plan_run(deployment, {}, 2, "scheduled")[0] == {"train_days": [1, 2], "test_day": 3}
+    assert plan_run(deployment, {"model_name": "dlrm_try"}, 2, "scheduled")[0] is None
 
 
 def test_a_failed_or_unfinished_run_does_not_count_as_trained(deployment):

@@ -42,7 +42,7 @@ FROM training_runs
 WHERE pipeline = :pipeline AND run_id = :run_id;
 
 -- name: runs_of_pipeline
-SELECT run_id, data_window, status, created_at
+SELECT run_id, model_name, data_window, status, created_at
 FROM training_runs
 WHERE pipeline = :pipeline
 ORDER BY id;

@@ -48,11 +48,13 @@ def newest_complete_window(landed: list[int], window_days: int) -> tuple[dict[st
                   + (f"misses days {missing}" if missing else f"has fewer than {window_days} days before it"))
 
 
-def last_trained_test_day(settings) -> int | None:
-    """The newest test day of a criteo_dlrm run the registry records as trained (gated out and published count)."""
+def last_trained_test_day(settings, model_name: str = TRAIN_DAG) -> int | None:
+    """The newest test day of a criteo_dlrm run of `model_name` (the one automatic runs publish under, the DAG's
+    default) the registry records as trained (gated out and published count): a run under another name, an
+    experiment, does not make the production model's windows old."""
     from tasks.release.runs import trained_windows
 
-    windows = trained_windows(settings, TRAIN_DAG)
+    windows = trained_windows(settings, TRAIN_DAG, model_name)
     days = [w["test_day"] for w in windows if w.get("test_day") is not None]
     return max(days) if days else None
 
@@ -112,13 +114,14 @@ def plan_run(settings, params: dict[str, Any], window_days: int, run_type: str) 
     if params.get("test_day") is not None or params.get("train_days"):
         window = resolve_window(settings, params.get("train_days") or "", params.get("test_day"), window_days)
         if params.get("reason"):
-            if stale := stale_reason(window, last_trained_test_day(settings)):
+            if stale := stale_reason(window, last_trained_test_day(settings, params.get("model_name") or TRAIN_DAG)):
                 return None, f"skipped: {stale}"
             return window, params["reason"]
         return window, f"{run_type} run with an explicit window"
     window, why = newest_complete_window(ingested_days(settings), window_days)
     if window is None:
         return None, f"skipped: {why}"
-    if run_type != "manual" and (stale := stale_reason(window, last_trained_test_day(settings))):
-        return None, f"skipped: {stale}"
+    if run_type != "manual":
+        if stale := stale_reason(window, last_trained_test_day(settings, params.get("model_name") or TRAIN_DAG)):
+            return None, f"skipped: {stale}"
     return window, f"{run_type} run: {why}"

@@ -419,11 +419,13 @@ class Registry:
         raise RegistryError(f"could not move {where} to {version!r} after {_PROMOTE_ATTEMPTS} attempts: "
                             "too many concurrent publishers")
 
-    def windows(self, pipeline: str, statuses: Sequence[str]) -> list[dict]:
-        """The data windows of a pipeline's runs in the given statuses (oldest first), e.g. what was trained."""
+    def windows(self, pipeline: str, statuses: Sequence[str], model_name: str | None = None) -> list[dict]:
+        """The data windows of a pipeline's runs in the given statuses (oldest first), e.g. what was trained; only
+        the runs of `model_name` when given."""
         with self._begin(f"reading the runs of pipeline {pipeline!r}") as conn:
             rows = self._run(conn, "runs_of_pipeline", pipeline=pipeline).mappings().all()
-        return [json.loads(row["data_window"]) for row in rows if row["status"] in statuses]
+        return [json.loads(row["data_window"]) for row in rows
+                if row["status"] in statuses and model_name in (None, row["model_name"])]
 
     def version(self, model_name: str, version: str) -> dict | None:
         """{'model_name', 'version', 'pipeline', 'run_id', 'artifact_uri', 'metrics', 'manifest_sha256',

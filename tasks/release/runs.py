@@ -62,13 +62,14 @@ def run_paths(settings: Settings, pipeline: str, run_id: str) -> RunPaths:
     return RunPaths(run_dir(settings.data_root, pipeline, run_id))
 
 
-def trained_windows(settings: Settings, pipeline: str) -> list[dict[str, Any]]:
-    """Windows ({dataset, snapshot, profile}) of the pipeline's runs the registry records as trained."""
+def trained_windows(settings: Settings, pipeline: str, model_name: str | None = None) -> list[dict[str, Any]]:
+    """Windows ({dataset, snapshot, profile}) of the pipeline's runs the registry records as trained; only those of
+    `model_name` when given (an experiment under another name does not make the production model's window old)."""
     from tasks.release.registry import TRAINED_STATUSES
     from tasks.release.steps import open_registry
 
     with open_registry(settings) as registry:
-        return registry.windows(pipeline, TRAINED_STATUSES)
+        return registry.windows(pipeline, TRAINED_STATUSES, model_name)
 
 
 def plan_snapshot_run(settings: Settings, *, pipeline: str, knobs_of: Callable[[str], dict[str, Any]],
@@ -82,7 +83,7 @@ def plan_snapshot_run(settings: Settings, *, pipeline: str, knobs_of: Callable[[
     profile = params.get("profile") or settings.profile
     knobs = knobs_of(profile)
     window = {**snapshot(), "profile": profile}
-    if run_type != "manual" and window in trained_windows(settings, pipeline):
+    if run_type != "manual" and window in trained_windows(settings, pipeline, params.get("model_name") or pipeline):
         log.info("snapshot %s (%s) was trained with profile %s already: nothing new to train",
                  window["dataset"], window["snapshot"][:12], profile)
         return None
