@@ -36,7 +36,7 @@ from tasks.core.settings_registry import value
 from tasks.criteo.profiles import KNOBS, PROFILES
 from tasks.criteo.preprocess import ENGINE_ENV, PREPROCESS_ENGINES
 from tasks.dagkit import (DEFAULT_ARGS, SPARK_TASK, device_param, engine_param, knob_params, profile_param,
-                          release_params, spark_master)
+                          reason_param, release_params, spark_master)
 from tasks.dagkit.training import training_tasks
 from tasks.release.steps import failure_callback
 from tasks.dagkit.docs import document
@@ -64,9 +64,7 @@ record_failure = failure_callback("criteo_dlrm")
                                       "Empty = the test day of the newest complete window (it and the "
                                       "window_days days before it ingested); a run triggered here trains it even "
                                       "if it was trained before."),
-        "reason": Param(None, type=["null", "string"], maxLength=2000, title="Why this run",
-                        description="Set by criteo_ingest's retrain gate (which window landed, and why it is new). "
-                                    "Leave empty when triggering by hand."),
+        "reason": reason_param("criteo_ingest's retrain gate (which window landed, and why it is new)"),
         "nproc": Param(None, type=["null", "integer"], minimum=1, maximum=64, title="Training processes",
                        description="torchrun --nproc_per_node. Empty = the deployment's RECFLOW_TRAIN_NPROC (1)."),
         "device": device_param(),

@@ -5,8 +5,9 @@
 atomically; cached when the verified archive is already here) → `validate` (every rating row checked: columns,
 types, ids positive, rating range, plausible timestamps; duplicates counted; bad rows quarantined with their line;
 a Great Expectations report; fails with one line when bad rows exceed the budget; the good rows kept as typed
-parquet) → `announce` (an event on the `movielens_ratings` asset, which starts `movielens_ncf`; skipped when this
-run found nothing new: the same archive, already validated).
+parquet) → `announce` (an event on the `movielens_ratings` asset, for lineage; skipped when this run found
+nothing new: the same archive, already validated) → `train_gate` (triggers `movielens_ncf` on the snapshot, one run
+per validated snapshot; skipped with `announce`).
 
 Runs weekly (`RECFLOW_MOVIELENS_INGEST_CRON`, default Mondays 05:00 UTC) so a new snapshot on the source is picked
 up; trigger it by hand with a `dataset` to ingest ml-1m or another source. Outputs live under
@@ -15,12 +16,15 @@ up; trigger it by hand with a `dataset` to ingest ml-1m or another source. Outpu
 
 from __future__ import annotations
 
+from functools import partial
+
 from airflow.sdk import CronTriggerTimetable, Param, dag, task
 
 from tasks.core.config import load_settings
 from tasks.core.settings_registry import value
 from tasks.dagkit import (DEFAULT_ARGS, DOWNLOAD_TASK, aws_conn_param, bad_row_budget_param, fail_without_retry,
                           source_url_param)
+from tasks.dagkit.retrain import TriggerWhenReady, snapshot_decision
 from tasks.movielens.dagkit import MOVIELENS_RATINGS, announcement
 from tasks.movielens.schema import DATASETS
 from tasks.dagkit.docs import document
@@ -77,7 +81,8 @@ def movielens_ingest():
         return event
 
     downloaded = download()
-    announce(downloaded, validate(downloaded))
+    announce(downloaded, validate(downloaded)) >> TriggerWhenReady(
+        task_id="train_gate", trigger_dag_id="movielens_ncf", decide=partial(snapshot_decision, param="dataset"))
 
 
 document(movielens_ingest(), __doc__)

@@ -13,9 +13,11 @@ resumes from its last checkpoint on retry) → `evaluate` (HR@10 and NDCG@10: th
 mappings) → `publish` (a self-contained version: weights, id mappings, the items each user rated; `latest` moved
 last). `python -m tasks.movielens.predict recommend` gives any published version's top-k movies for a user.
 
-Configuration: a `profile` (`full`: NVIDIA's recipe, the default of asset-triggered runs; `demo`: one CPU machine)
-gives every knob a value; a knob param left empty takes the profile's. `movielens_ingest` announces each newly validated
-snapshot on the `movielens_ratings` asset; a run for a snapshot that was already trained with the same profile does nothing. Outputs live under `<data root>/runs/movielens_ncf/<run id>/`.
+Configuration: a `profile` (`full`: NVIDIA's recipe, the default of triggered runs; `demo`: one CPU machine)
+gives every knob a value; a knob param left empty takes the profile's. `movielens_ingest`'s `train_gate` triggers a
+run for each newly validated snapshot, with a `reason`; such a run for a snapshot that was already trained with the
+same profile and model name does nothing (a run triggered by hand trains as asked). Outputs live under
+`<data root>/runs/movielens_ncf/<run id>/`.
 """
 
 from __future__ import annotations
@@ -24,9 +26,9 @@ from airflow.sdk import Param, dag, task
 
 from tasks.core.config import load_settings
 from tasks.dagkit import (DEFAULT_ARGS, SPARK_TASK, device_param, fail_without_retry, knob_params, profile_param,
-                          release_params, spark_master, workers_param)
+                          reason_param, release_params, spark_master, workers_param)
 from tasks.dagkit.training import snapshot_params, training_tasks
-from tasks.movielens.dagkit import MOVIELENS_RATINGS, snapshot_of_run
+from tasks.movielens.dagkit import snapshot_of_run
 from tasks.movielens.profiles import KNOBS, PROFILES
 from tasks.movielens.schema import DATASETS
 from tasks.release.steps import failure_callback
@@ -37,7 +39,8 @@ record_failure = failure_callback("movielens_ncf")
 
 @dag(
     dag_id="movielens_ncf",
-    schedule=[MOVIELENS_RATINGS],
+    schedule=None,  # triggered by movielens_ingest's train_gate: an asset event that lands while a run is active
+    # would be dropped (apache/airflow#56050), a triggered run waits in the queue
     catchup=False,
     max_active_runs=1,
     default_args=DEFAULT_ARGS,
@@ -46,8 +49,9 @@ record_failure = failure_callback("movielens_ncf")
         "profile": profile_param(PROFILES),
         "dataset": Param(None, type=["null", "string"], enum=[None, *DATASETS], title="Snapshot",
                          values_display={"None": "(the announced one, else RECFLOW_MOVIELENS_DATASET)"},
-                         description="MovieLens snapshot to train on (ingested by movielens_ingest). Empty = the "
-                                     "one whose announcement started this run, else RECFLOW_MOVIELENS_DATASET."),
+                         description="MovieLens snapshot to train on (ingested by movielens_ingest). Empty = "
+                                     "RECFLOW_MOVIELENS_DATASET."),
+        "reason": reason_param("movielens_ingest's train_gate (which snapshot it validated)"),
         "workers": workers_param(),
         "device": device_param(),
         **knob_params(KNOBS, PROFILES),

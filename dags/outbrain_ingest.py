@@ -7,8 +7,9 @@ categories, page_views_sample, clicks_test — from file / http(s) / s3, each as
 already here) → `validate` (every row of every file checked against its schema; exactly one click per display,
 every clicked display in events, every ad in promoted_content; bad rows quarantined with file, line and column; a
 Great Expectations report per file; fails with one line when bad rows exceed the budget; the good rows kept as
-typed parquet) → `announce` (an event on the `outbrain_clicks` asset, which starts `outbrain_wide_deep`; skipped
-when this run found nothing new).
+typed parquet) → `announce` (an event on the `outbrain_clicks` asset, for lineage; skipped when this run found
+nothing new) → `train_gate` (triggers `outbrain_wide_deep` on the snapshot, one run per validated snapshot; skipped
+with `announce`).
 
 Runs weekly (`RECFLOW_OUTBRAIN_INGEST_CRON`, default Tuesdays 05:00 UTC) so a new snapshot on the source is picked
 up; trigger it by hand to ingest another snapshot or source. Outputs live under `<data root>/outbrain/`, keyed by
@@ -17,12 +18,15 @@ snapshot name, each with a manifest.
 
 from __future__ import annotations
 
+from functools import partial
+
 from airflow.sdk import CronTriggerTimetable, Param, dag, task
 
 from tasks.core.config import load_settings
 from tasks.core.settings_registry import value
 from tasks.dagkit import (DEFAULT_ARGS, DOWNLOAD_TASK, aws_conn_param, bad_row_budget_param, fail_without_retry,
                           source_url_param)
+from tasks.dagkit.retrain import TriggerWhenReady, snapshot_decision
 from tasks.outbrain.dagkit import OUTBRAIN_CLICKS, announcement
 from tasks.dagkit.docs import document
 
@@ -77,7 +81,8 @@ def outbrain_ingest():
         return event
 
     downloaded = download()
-    announce(downloaded, validate(downloaded))
+    announce(downloaded, validate(downloaded)) >> TriggerWhenReady(
+        task_id="train_gate", trigger_dag_id="outbrain_wide_deep", decide=partial(snapshot_decision, param="snapshot"))
 
 
 document(outbrain_ingest(), __doc__)

@@ -15,9 +15,11 @@ displays through its own feature statistics) → `publish` (a self-contained ver
 feature statistics; `latest` moved last). `python -m tasks.outbrain.predict` scores raw Outbrain rows with any
 published version.
 
-Configuration: a `profile` (`full`: NVIDIA's recipe, the default of asset-triggered runs; `demo`: one CPU machine)
-gives every knob a value; a knob param left empty takes the profile's. `outbrain_ingest` announces each newly validated
-snapshot on the `outbrain_clicks` asset; a run for a snapshot that was already trained with the same profile does nothing. Outputs live under `<data root>/runs/outbrain_wide_deep/<run id>/`.
+Configuration: a `profile` (`full`: NVIDIA's recipe, the default of triggered runs; `demo`: one CPU machine)
+gives every knob a value; a knob param left empty takes the profile's. `outbrain_ingest`'s `train_gate` triggers a
+run for each newly validated snapshot, with a `reason`; such a run for a snapshot that was already trained with the
+same profile and model name does nothing (a run triggered by hand trains as asked). Outputs live under
+`<data root>/runs/outbrain_wide_deep/<run id>/`.
 """
 
 from __future__ import annotations
@@ -26,9 +28,9 @@ from airflow.sdk import Param, dag, task
 
 from tasks.core.config import load_settings
 from tasks.dagkit import (DEFAULT_ARGS, SPARK_TASK, device_param, engine_param, fail_without_retry, knob_params,
-                          profile_param, release_params, spark_master, workers_param)
+                          profile_param, reason_param, release_params, spark_master, workers_param)
 from tasks.dagkit.training import snapshot_params, training_tasks
-from tasks.outbrain.dagkit import OUTBRAIN_CLICKS, snapshot_of_run
+from tasks.outbrain.dagkit import snapshot_of_run
 from tasks.outbrain.profiles import KNOBS, PROFILES
 from tasks.release.steps import failure_callback
 from tasks.dagkit.docs import document
@@ -38,7 +40,8 @@ record_failure = failure_callback("outbrain_wide_deep")
 
 @dag(
     dag_id="outbrain_wide_deep",
-    schedule=[OUTBRAIN_CLICKS],
+    schedule=None,  # triggered by outbrain_ingest's train_gate: an asset event that lands while a run is active
+    # would be dropped (apache/airflow#56050), a triggered run waits in the queue
     catchup=False,
     max_active_runs=1,
     default_args=DEFAULT_ARGS,
@@ -47,8 +50,9 @@ record_failure = failure_callback("outbrain_wide_deep")
         "profile": profile_param(PROFILES),
         "snapshot": Param(None, type=["null", "string"], pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$",
                           title="Snapshot",
-                          description="Outbrain snapshot to train on (ingested by outbrain_ingest). Empty = the "
-                                      "one whose announcement started this run, else RECFLOW_OUTBRAIN_SNAPSHOT."),
+                          description="Outbrain snapshot to train on (ingested by outbrain_ingest). Empty = "
+                                      "RECFLOW_OUTBRAIN_SNAPSHOT."),
+        "reason": reason_param("outbrain_ingest's train_gate (which snapshot it validated)"),
         "workers": workers_param(),
         "device": device_param(),
         "engine": engine_param(("spark", "nvtabular"), "RECFLOW_OUTBRAIN_FEATURES_ENGINE",

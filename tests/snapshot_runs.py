@@ -25,6 +25,7 @@ def check_a_trained_snapshot_is_not_retrained(settings: Settings, resolve_run: C
         registry.register_run(pipeline, pipeline, "r1", dataset=dataset, window=run["window"], config_hash="c")
         registry.set_run_status(pipeline, "r1", status)
     assert resolve_run(settings, params, "asset_triggered") is None
+    assert resolve_run(settings, {**params, "reason": "ingest run x validated it"}, "manual") is None  # train gate's
     assert resolve_run(settings, params, "manual") is not None  # by hand: the user asked for it
     assert resolve_run(settings, {**params, "profile": "full"}, "asset_triggered") is not None  # another profile
     # a run of another model name (an experiment) trained it: new work for the pipeline's own model, and the other way

@@ -156,12 +156,12 @@ def test_training_dags_mark_a_registered_run_failed_when_gate_or_publish_fails(p
 
 
 def test_movielens_wiring(parsed):
-    assert list(parsed["dags"]["movielens_ingest"]["tasks"]) == ["download", "validate", "announce"]
+    assert list(parsed["dags"]["movielens_ingest"]["tasks"]) == ["download", "validate", "announce", "train_gate"]
     assert list(parsed["dags"]["movielens_ncf"]["tasks"]) == ["resolve_run", "preprocess", "validate_dataset", "train",
                                                              "evaluate", "gate", "publish"]
 
 
 def test_outbrain_wiring(parsed):
-    assert list(parsed["dags"]["outbrain_ingest"]["tasks"]) == ["download", "validate", "announce"]
+    assert list(parsed["dags"]["outbrain_ingest"]["tasks"]) == ["download", "validate", "announce", "train_gate"]
     assert list(parsed["dags"]["outbrain_wide_deep"]["tasks"]) == ["resolve_run", "features", "validate_dataset",
                                                                   "train", "evaluate", "gate", "publish"]

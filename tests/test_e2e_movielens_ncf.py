@@ -48,14 +48,14 @@ def first_run(env, ingested) -> dict:
 def test_ingest_validates_and_announces_a_new_snapshot_once(env, ingested):
     assert ingested["state"] == "success", ingested["log"][-4000:]
     assert {t: s["state"] for t, s in ingested["tasks"].items()} == {
-        "download": "success", "validate": "success", "announce": "success"}
+        "download": "success", "validate": "success", "announce": "success", "train_gate": "success"}
     root = Path(env["RECFLOW_DATA_ROOT"])
     report = json.loads((layout.validated_dir(root, "ml-20m") / "report.json").read_text())
     assert report["rows"]["good"] >= USERS * 20 and report["rows"]["bad"] == 0
     # The weekly check of an unchanged source: nothing new, so no asset event and no retraining.
     again = run_dag(env, "movielens_ingest", {"dataset": "ml-20m"})
     assert again["state"] == "success", again["log"][-4000:]
-    assert again["tasks"]["announce"]["state"] == "skipped"
+    assert again["tasks"]["announce"]["state"] == again["tasks"]["train_gate"]["state"] == "skipped"
 
 
 def test_ncf_trains_on_two_workers_beats_random_and_publishes(env, first_run):

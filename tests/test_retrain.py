@@ -123,3 +123,28 @@ def test_the_training_dag_rechecks_and_its_cron_trains_only_something_new(deploy
     # An operator's explicit window is trained as asked, even an old one.
     assert plan_run(deployment, {"train_days": "0-1", "test_day": 2}, 2, "manual") == (
         {"train_days": [0, 1], "test_day": 2}, "manual run with an explicit window")
+
+
+def test_a_snapshot_ingests_train_gate_triggers_one_run_per_validated_snapshot():
+    """movielens_ingest / outbrain_ingest end with a train gate (a TriggerDagRunOperator: a triggered run waits in
+    the queue while the training DAG is busy, where an asset event would be dropped): its run id comes from the
+    snapshot's fingerprint, its conf names the snapshot and why; a skipped announce triggers nothing."""
+    from tasks.dagkit.retrain import snapshot_decision
+
+    class Ti:
+        def __init__(self, event):
+            self.event = event
+
+        def xcom_pull(self, task_ids):
+            assert task_ids == "announce"
+            return self.event
+
+    run = SimpleNamespace(dag_id="outbrain_ingest", run_id="scheduled__2026-11-24")
+    event = {"dataset": "kaggle-v2", "snapshot": "0123456789abcdef0123", "rows": 10}
+    decision = snapshot_decision({"ti": Ti(event), "dag_run": run}, param="snapshot")
+    reason = "outbrain_ingest run scheduled__2026-11-24 validated snapshot kaggle-v2 (fingerprint 0123456789ab)"
+    assert decision == TriggerDecision(run_id="snapshot__kaggle-v2__0123456789abcdef",
+                                       conf={"snapshot": "kaggle-v2", "reason": reason},
+                                       note=f"Train on snapshot kaggle-v2. Why: {reason}.")
+    assert snapshot_decision({"ti": Ti(None), "dag_run": run}, param="snapshot") == (
+        "no training: announce named no validated snapshot")

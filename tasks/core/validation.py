@@ -299,8 +299,8 @@ def quoted_value(raw: bytes, limit: int = QUOTED_CHARS) -> str:
 def split_header(block: bytes, file_name: str, expected: str) -> tuple[bytes, str | None]:
     """A file's first block without its header line (CRLF or LF), and the one-line problem when the header is not
     `expected` (None when it is). A UTF-8 byte-order mark before the header is not part of it (a spreadsheet's "CSV
-    UTF-8" export writes one; pandas and byo's CsvStream drop it too): what follows validation reads the validated
-    output, never the raw file."""
+    UTF-8" export writes one; pandas drops it too): what follows validation reads the validated output, never the
+    raw file."""
     end = block.find(b"\n")
     line = (block if end < 0 else block[:end]).rstrip(b"\r").removeprefix(UTF8_BOM)
     if line != expected.encode():

@@ -136,6 +136,15 @@ def engine_param(engines: tuple[str, ...], env_var: str, description: str, defau
                  description=f"{description} Empty = the deployment's {env_var} (default: {default}).")
 
 
+def reason_param(set_by: str) -> Any:
+    """Why an automatic run started, set by the task that triggers it (`set_by`); a run that carries one is checked
+    like an automatic run (nothing new to train: it does nothing)."""
+    from airflow.sdk import Param
+
+    return Param(None, type=["null", "string"], maxLength=2000, title="Why this run",
+                 description=f"Set by {set_by}. Leave empty when triggering by hand.")
+
+
 def release_params(model_name: str) -> dict[str, Any]:
     """The params every training DAG's publish step reads: the model's name, where to publish, which connection
     holds the S3 credentials (each checked against the deployment's allow-lists where it is used)."""

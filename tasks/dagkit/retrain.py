@@ -45,3 +45,19 @@ class TriggerWhenReady(TriggerDagRunOperator):
         self.trigger_run_id, self.conf, self.note = decision.run_id, decision.conf, decision.note
         self.log.info("triggering %s run %s: %s", self.trigger_dag_id, decision.run_id, decision.note)
         return super().execute(context)
+
+
+def snapshot_decision(context: dict[str, Any], *, param: str, announce_task: str = "announce") -> TriggerDecision | str:
+    """A snapshot ingest DAG's train gate: trigger the training DAG on the snapshot the run's announce task named
+    (its XCom: {"dataset": name, "snapshot": fingerprint, ...}), conf {param: name, "reason": ...}, one run id per
+    validated snapshot (a re-run that validated the same files triggers nothing new). A triggered run waits in the
+    queue while the training DAG is at max_active_runs; an asset event arriving then would be dropped
+    (apache/airflow#56050), which is why the snapshot pipelines are triggered and not asset-scheduled."""
+    event = context["ti"].xcom_pull(task_ids=announce_task)
+    if not event or not event.get("dataset") or not event.get("snapshot"):
+        return f"no training: {announce_task} named no validated snapshot"
+    name, fingerprint = event["dataset"], event["snapshot"]
+    dag_run = context["dag_run"]
+    reason = f"{dag_run.dag_id} run {dag_run.run_id} validated snapshot {name} (fingerprint {fingerprint[:12]})"
+    return TriggerDecision(run_id=f"snapshot__{name}__{fingerprint[:16]}", conf={param: name, "reason": reason},
+                           note=f"Train on snapshot {name}. Why: {reason}.")

@@ -75,19 +75,22 @@ def trained_windows(settings: Settings, pipeline: str, model_name: str | None = 
 def plan_snapshot_run(settings: Settings, *, pipeline: str, knobs_of: Callable[[str], dict[str, Any]],
                       snapshot: Callable[[], Mapping[str, Any]], params: Mapping[str, Any],
                       run_type: str) -> dict[str, Any] | None:
-    """What a run trains on and with, or None when an automatic run finds its snapshot already trained with its
-    profile. `knobs_of(profile)` resolves (and checks) the knobs before anything else is looked at, so a bad value
+    """What a run trains on and with, or None when an automatic run (one not started by hand, or one carrying the
+    `reason` its ingest's train gate gives it) finds its snapshot already trained with its profile and model name.
+    `knobs_of(profile)` resolves (and checks) the knobs before anything else is looked at, so a bad value
     fails before any work; `snapshot()` names the validated snapshot ({dataset, snapshot}). Workers and device:
     the params, else RECFLOW_TRAIN_NPROC / RECFLOW_TRAIN_DEVICE. The result goes to XCom so every later task uses
     the same values."""
     profile = params.get("profile") or settings.profile
     knobs = knobs_of(profile)
     window = {**snapshot(), "profile": profile}
-    if run_type != "manual" and window in trained_windows(settings, pipeline, params.get("model_name") or pipeline):
+    automatic = run_type != "manual" or bool(params.get("reason"))
+    if automatic and window in trained_windows(settings, pipeline, params.get("model_name") or pipeline):
         log.info("snapshot %s (%s) was trained with profile %s already: nothing new to train",
                  window["dataset"], window["snapshot"][:12], profile)
         return None
-    why = "triggered by hand" if run_type == "manual" else f"new snapshot {window['snapshot'][:12]} ({run_type})"
+    why = (params.get("reason") or f"new snapshot {window['snapshot'][:12]} ({run_type})" if automatic
+           else "triggered by hand")
     workers = int(params.get("workers") or settings.train_nproc)
     device = params.get("device") or settings.train_device
     log.info("%s %s, profile %s on %s x %d worker(s): %s", window["dataset"], window["snapshot"][:12], profile,
