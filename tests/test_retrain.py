@@ -140,10 +140,10 @@ def test_a_snapshot_ingests_train_gate_triggers_one_run_per_validated_snapshot()
             return self.event
 
     run = SimpleNamespace(dag_id="outbrain_ingest", run_id="scheduled__2026-11-24")
-    event = {"dataset": "kaggle-v2", "snapshot": "0123456789abcdef0123", "rows": 10}
+    event = {"dataset": "kaggle-v2", "snapshot": "11111111222222223333", "rows": 10}
     decision = snapshot_decision({"ti": Ti(event), "dag_run": run}, param="snapshot")
-    reason = "outbrain_ingest run scheduled__2026-11-24 validated snapshot kaggle-v2 (fingerprint 0123456789ab)"
-    assert decision == TriggerDecision(run_id="snapshot__kaggle-v2__0123456789abcdef",
+    reason = "outbrain_ingest run scheduled__2026-11-24 validated snapshot kaggle-v2 (fingerprint 111111112222)"
+    assert decision == TriggerDecision(run_id="snapshot__kaggle-v2__1111111122222222",
                                        conf={"snapshot": "kaggle-v2", "reason": reason},
                                        note=f"Train on snapshot kaggle-v2. Why: {reason}.")
     assert snapshot_decision({"ti": Ti(None), "dag_run": run}, param="snapshot") == (
