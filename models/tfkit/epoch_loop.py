@@ -124,12 +124,13 @@ def train_epochs(run: EpochRun) -> bool:
         # sums it), so its record is the whole epoch's whether or not the run was interrupted.
         carried_loss, carried_steps, carried_seconds = run.state.partial_epoch(epoch, run.step)
         losses, started = [], time.perf_counter()
+        folded = [carried_loss, 0]  # the loss sum so far, and how many of `losses` it holds (each read once)
 
         def so_far() -> tuple[float, int]:
-            total = carried_loss
-            for x in losses:
-                total += float(x)
-            return total, carried_steps + len(losses)
+            for x in losses[folded[1]:]:
+                folded[0] += float(x)
+            folded[1] = len(losses)
+            return folded[0], carried_steps + len(losses)
 
         for inputs, labels in batches:
             losses.append(train_step(inputs, labels, tf.constant([cfg.seed, run.step], tf.int64)))
