@@ -18,14 +18,21 @@ async function tryCase(page, c) {
   const field = dialog.locator(`[name="element_${c.param}"]`);
   await field.fill(String(c.value));
   await field.press('Tab');  // leave the field, as a user moving on would
-  const result = { param: c.param, value: c.value, value_after_blur: await field.inputValue() };
-  // The form validates on change: wait until it marks the field or disables Trigger. Where it neither changed the
-  // value nor is about to submit it, give it settle_ms to show something (absence cannot be waited for otherwise).
+  // The form answers on blur or on change: a number field clamps its value (the clamp may land a frame after the
+  // Tab), a field is marked, or Trigger is disabled. Wait for one of them; where nothing has answered and the case
+  // is not about to submit, give the form settle_ms (absence cannot be waited for otherwise). The value is read
+  // again after the wait, so a clamp that landed late is seen.
+  const typed = String(c.value);
   let problems = await dialogProblems(dialog);
-  const answered = (p) => !p.submit_enabled || p.fields.some((f) => f.name === c.param);
-  if (!answered(problems) && !c.submit && result.value_after_blur === String(c.value)) {
-    await pollUntil(async () => answered((problems = await dialogProblems(dialog))), args.settle_ms ?? 5000);
+  const answered = async () => {
+    problems = await dialogProblems(dialog);
+    return !problems.submit_enabled || problems.fields.some((f) => f.name === c.param)
+      || (await field.inputValue()) !== typed;
+  };
+  if (!c.submit) {
+    await pollUntil(answered, args.settle_ms ?? 5000);
   }
+  const result = { param: c.param, value: c.value, value_after_blur: await field.inputValue() };
   result.problems = problems;
   if (c.submit && problems.submit_enabled) {
     const posted = page.waitForResponse((r) => r.request().method() === 'POST'
