@@ -141,7 +141,7 @@ def train_epochs(run: EpochRun) -> bool:
                         f"{stats.samples_per_second:,.0f} eta {format_duration(stats.eta_seconds)}")
             if run.step % run.steps_per_epoch == 0:
                 continue  # the epoch's end: recorded, evaluated and saved below, before any stop
-            stop = cfg.stop_after_steps is not None and run.step >= cfg.stop_after_steps
+            stop = _stop_requested(cfg, run.step)
             if stop or (cfg.checkpoint_every_steps and run.step % cfg.checkpoint_every_steps == 0):
                 loss_sum, steps = so_far()
                 run.save({"epoch": epoch, "step": run.step, "loss_sum": loss_sum, "steps": steps,
@@ -163,10 +163,15 @@ def train_epochs(run: EpochRun) -> bool:
         run.log(f"epoch {epoch} done: loss {loss:.5f}, {rate:,.0f} samples/s" + run.epoch_metrics_line(record))
         run.state.record(record)
         run.save()
-        if cfg.stop_after_steps is not None and run.step >= cfg.stop_after_steps and epoch + 1 < cfg.epochs:
+        if _stop_requested(cfg, run.step) and epoch + 1 < cfg.epochs:
             run.log(f"stopping after step {run.step} (stop_after_steps): rerun to resume")
             return True
     return False
+
+
+def _stop_requested(cfg: Any, step: int) -> bool:
+    """Whether the stop_after_steps test hook ends the run at `step` (it saves first; a rerun resumes)."""
+    return cfg.stop_after_steps is not None and step >= cfg.stop_after_steps
 
 
 def finish(run: EpochRun, resumed: int | None, seconds: float) -> TrainResult:

@@ -122,10 +122,14 @@ def _temporary_sibling(final: Path) -> Path:
     return final.parent / f".tmp-{final.name}~{_HOST}~{os.getpid()}~{uuid.uuid4().hex[:8]}"
 
 
-def is_temporary(relative: Path) -> bool:
+# A writer's temporary sibling and a lock file start with these: never part of what a reader copies or publishes.
+TEMPORARY_PREFIXES = (".tmp-", ".lock-")
+
+
+def is_temporary(relative: Path | str) -> bool:
     """Whether a path (relative to an output) is, or lies under, a writer's temporary or a lock file: never part of
     what a reader copies or publishes (a killed writer on another host leaves one for a day)."""
-    return any(part.startswith((".tmp-", ".lock-")) for part in Path(relative).parts)
+    return any(part.startswith(TEMPORARY_PREFIXES) for part in Path(relative).parts)
 
 
 def _writer_gone(path: Path, now: float) -> bool:

@@ -22,7 +22,7 @@ import uuid
 from pathlib import Path
 from urllib.parse import unquote, urlparse
 
-from tasks.core.storage import atomic_file
+from tasks.core.storage import TEMPORARY_PREFIXES, atomic_file, is_temporary
 
 log = logging.getLogger(__name__)
 
@@ -30,8 +30,9 @@ DEFAULT_MULTIPART_THRESHOLD = 64 << 20
 # S3 rejects multipart parts below 5 MiB (except the last), so chunks never go smaller.
 _MIN_PART_BYTES = 5 << 20
 _COPY_CHUNK = 8 << 20
-# Names the local backend uses for its own bookkeeping; keys may not use them, listings hide them.
-_RESERVED_PREFIXES = (".tmp-", ".lock-")
+# Names the local backend uses for its own bookkeeping (its atomic writes' temporaries and locks): keys may not use
+# them, listings hide them.
+_RESERVED_PREFIXES = TEMPORARY_PREFIXES
 # get_bytes reads only small objects (a version's manifest, metrics and lineage, a model's latest.json): a larger one
 # is not one of ours, and is refused before it is read into memory (a manifest lists ~200 bytes a file).
 SMALL_OBJECT_MAX = 16 << 20
@@ -153,8 +154,7 @@ class LocalStore(ArtifactStore):
         keys = []
         for path in base.rglob("*"):
             rel = path.relative_to(self.root).as_posix()
-            hidden = any(part.startswith(_RESERVED_PREFIXES) for part in rel.split("/"))
-            if path.is_file() and not hidden and rel.startswith(prefix):
+            if path.is_file() and not is_temporary(rel) and rel.startswith(prefix):
                 keys.append(rel)
         return sorted(keys)
 
