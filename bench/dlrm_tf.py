@@ -94,7 +94,7 @@ def _common_config(shape: TrainShape) -> dict[str, Any]:
             "top_mlp_sizes": list(shape.top_mlp), "lr": shape.lr,
             "limit_train_batches": shape.warmup_steps + shape.measured_steps,
             "log_every_steps": shape.log_every_steps, "eval_batch_size": EVAL_BATCH,
-            "checkpoint_every_steps": 0, "keep_checkpoints": 1}
+            "checkpoint_every_steps": 0, "checkpoint_every_minutes": 0, "keep_checkpoints": 1}
 
 
 def _result(out: Path, shape: TrainShape) -> tuple[float, float]:

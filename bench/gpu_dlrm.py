@@ -96,7 +96,8 @@ def run_trainer(data: Path, out: Path, shape: Shape, extra: list[str] | None = N
 
     argv = ["--dataset_dir", str(data), "--output_dir", str(out), "--device", shape.device,
             "--batch_size", str(shape.batch_size), "--eval_batch_size", str(shape.batch_size), "--epochs", "1",
-            "--log_every_steps", str(shape.log_every_steps), "--checkpoint_every_steps", "0", "--lr", str(LR),
+            "--log_every_steps", str(shape.log_every_steps), "--checkpoint_every_steps", "0",
+            "--checkpoint_every_minutes", "0", "--lr", str(LR),
             "--amp" if shape.amp else "--no-amp", *(extra or [])]
     started = time.perf_counter()
     result = main(argv)

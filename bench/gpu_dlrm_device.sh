@@ -33,8 +33,8 @@ rm -rf "$WORK/run"
 batch=$(echo "$SIZE" | sed -n 's/.*--batch_size \([0-9]*\).*/\1/p')
 amp=--amp; [ "$DEVICE" = cpu ] && amp=--no-amp
 timeout 150 "$PY" -m models.dlrm.train --dataset_dir "$WORK/data" --output_dir "$WORK/run2" --device "$DEVICE" \
-  "$amp" --batch_size "${batch:-65536}" --lr 0.25 --epochs 1 --checkpoint_every_steps 0 --log_every_steps 16 \
-  --limit_eval_batches 1 --no-copy_ahead > "$OUT/no_copy_ahead.log" 2>&1
+  "$amp" --batch_size "${batch:-65536}" --lr 0.25 --epochs 1 --checkpoint_every_steps 0 --checkpoint_every_minutes 0 \
+  --log_every_steps 16 --limit_eval_batches 1 --no-copy_ahead > "$OUT/no_copy_ahead.log" 2>&1
 echo "trainer --no-copy_ahead exit $?"
 tail -20 "$OUT/no_copy_ahead.log"
 rm -rf "$WORK"

@@ -36,7 +36,7 @@ def run_one(dataset: Path, out: Path, nproc: int, sharding: str, cores: int) -> 
     threads = max(1, cores // nproc)
     shutil.rmtree(out, ignore_errors=True)  # a leftover checkpoint would make the trainer resume
     config = {"dataset_dir": str(dataset), "output_dir": str(out), **training_config(shape, threads),
-              "sharding": sharding, "checkpoint_every_steps": 0, "keep_checkpoints": 1}
+              "sharding": sharding, "checkpoint_every_steps": 0, "checkpoint_every_minutes": 0, "keep_checkpoints": 1}
     child = run_child(torchrun_command(nproc, "models.dlrm.train", config_args(config)), out.with_suffix(".log"),
                       env=_env(threads), cwd=REPO)
     metrics = json.loads((out / "metrics.json").read_text())

@@ -65,7 +65,7 @@ def run_trainer(dataset: Path, out: Path, nproc: int, threads: int, shape: Train
 
     shutil.rmtree(out, ignore_errors=True)  # a leftover checkpoint would make the trainer resume
     config = {"dataset_dir": str(dataset), "output_dir": str(out), **training_config(shape, threads),
-              "checkpoint_every_steps": 0, "keep_checkpoints": 1}
+              "checkpoint_every_steps": 0, "checkpoint_every_minutes": 0, "keep_checkpoints": 1}
     run_child(torchrun_command(nproc, "models.dlrm.train", config_args(config)), log_path, env=_env(threads), cwd=REPO)
     rate = trainer_rate(out / "train_log.jsonl", shape)
     auc = float(json.loads((out / "metrics.json").read_text())["auc"])

@@ -215,9 +215,13 @@ def test_host_memory_tables_train_in_mixed_precision(overrides: dict, dataset: P
 
 def test_two_workers_through_the_launcher_end_with_identical_weights(dataset: Path, tmp_path: Path,
                                                                      caplog) -> None:
-    config = {**TINY, "host_table_threshold_bytes": HOST_THRESHOLD, "intra_op_threads": 0, "inter_op_threads": 0}
+    # A time interval that is always over: the chief decides at each log interval (20 steps) and the other worker
+    # follows (a multi-worker save is collective: a worker that disagreed would hang the job).
+    config = {**TINY, "host_table_threshold_bytes": HOST_THRESHOLD, "intra_op_threads": 0, "inter_op_threads": 0,
+              "checkpoint_every_minutes": 1e-9}
     caplog.set_level(logging.INFO)
     result = train_with_tf_workers("models.dlrm_tf.train", dataset, tmp_path, config, workers=2)
+    assert re.findall(r"\[rank 0\] checkpoint step (\d+)", caplog.text) == ["20", "40", "60", "78"]
     metrics = json.loads((tmp_path / "metrics.json").read_text())
     assert result["metrics"] == metrics and metrics["workers"] == 2 and metrics["auc"] > 0.7
     assert metrics["rows"] == 5_003 and metrics["host_tables"] == [0, 4]

@@ -122,8 +122,11 @@ def _torchrun_failure(proc: subprocess.CompletedProcess) -> str:
 
 
 def test_two_process_torchrun_keeps_ranks_identical(dataset: Path, tmp_path: Path) -> None:
+    # A time interval that is always over: rank 0 decides at each log interval (10 steps) and rank 1 follows, so both
+    # save at steps 10 and 20 (step 30, the last, is model.pt) and neither waits for the other.
     argv = torchrun_command(2, "models.dlrm.train", _args(dataset, tmp_path, "--batch_size", "256",
-                                                        "--limit_train_batches", "30"),
+                                                        "--limit_train_batches", "30", "--log_every_steps", "10",
+                                                        "--checkpoint_every_minutes", "1e-9"),
                           master_port=free_port(), python=sys.executable)
     proc = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, _torchrun_failure(proc)
@@ -136,6 +139,9 @@ def test_two_process_torchrun_keeps_ranks_identical(dataset: Path, tmp_path: Pat
     assert "on 2 x cpu (gloo)" in proc.stdout
     metrics = json.loads((tmp_path / "metrics.json").read_text())
     assert metrics["world_size"] == 2 and metrics["weights_sha256"] == checksums["0"]
+    assert "checkpoints every 1e-09 min" in proc.stdout
+    assert sorted(p.name for p in (tmp_path / "checkpoints").glob("step_*.pt")) == [
+        "step_00000010.pt", "step_00000020.pt", "step_00000030.pt"]
 
 
 def test_killed_run_resumes_from_its_last_checkpoint(dataset: Path, tmp_path: Path) -> None:

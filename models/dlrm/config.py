@@ -59,7 +59,10 @@ class DlrmConfig:
     limit_eval_batches: int | None = option(None, "evaluate on at most this many batches", type=int)
     log_every_steps: int = option(100, "progress line / train_log.jsonl record interval")
     eval_every_steps: int = option(0, "evaluate during training every N steps (0: only at the end)")
-    checkpoint_every_steps: int = option(1000, "save a checkpoint every N steps (0: only at the end)")
+    checkpoint_every_steps: int = option(0, "also save a checkpoint every N steps (0: none by steps)")
+    checkpoint_every_minutes: float = option(15.0, "save a checkpoint once this many minutes have passed since the "
+                                                   "last, checked at log intervals (0: none by time); with "
+                                                   "checkpoint_every_steps 0 too, only at the end")
     keep_checkpoints: int = option(3, "how many step checkpoints to keep (0: all)")
     # execution
     device: str = option("auto", "cpu, cuda or auto", choices=("cpu", "cuda", "auto"))

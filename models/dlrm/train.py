@@ -2,8 +2,8 @@
 
 Also callable in-process as `main(argv)` (world size 1 when torchrun's environment variables are absent). Data
 parallel with DDP (gloo on CPU, NCCL on CUDA), plain SGD with NVIDIA's warmup + polynomial-decay schedule,
-checkpoints every N steps by rank 0, and automatic resume from the newest checkpoint in the output dir (a retried
-Airflow task continues where the killed one stopped).
+checkpoints by rank 0 every N minutes and/or steps (models/common/checkpoint_clock.py), and automatic resume from
+the newest checkpoint in the output dir (a retried Airflow task continues where the killed one stopped).
 
 With --sharding other than data_parallel the embedding tables are split across the ranks by TorchRec
 (models/dlrm/sharding.py) while the MLPs stay data parallel; checkpoints and model.pt keep the plain format.
@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 
+from models.common.checkpoint_clock import CheckpointClock
 from models.torchkit.checkpoint import (CheckpointError, capture_rng_state, device_fingerprint, latest_checkpoint,
                                       link_checkpoint, load_checkpoint, restore_rng_state, save_checkpoint,
                                       state_checksum)
@@ -410,6 +411,9 @@ def _evaluate(run: _Run, final: bool = False) -> dict[str, Any] | None:
 def _train_epochs(run: _Run) -> ProgressMeter:
     cfg = run.cfg
     meter = ProgressMeter(run.total_steps, run.step, cfg.batch_size)
+    clock = CheckpointClock(cfg.checkpoint_every_steps, cfg.checkpoint_every_minutes, cfg.log_every_steps,
+                            agree=partial(broadcast_from_main, run.ctx), is_main=run.ctx.is_main)
+    run.log(f"checkpoints {clock.describe()}")
     loss_sum, count = torch.zeros((), device=run.ctx.device), 0
     for epoch in range(run.step // run.steps_per_epoch, cfg.epochs):
         indices = shard_batch_indices(len(run.train_data), run.ctx.rank, run.ctx.world_size,
@@ -426,9 +430,9 @@ def _train_epochs(run: _Run) -> ProgressMeter:
                     loss_sum, count = torch.zeros((), device=run.ctx.device), 0
                 if cfg.eval_every_steps and run.step % cfg.eval_every_steps == 0 and run.step < run.total_steps:
                     _evaluate(run)
-                if (cfg.checkpoint_every_steps and run.step % cfg.checkpoint_every_steps == 0
-                        and run.step < run.total_steps):
+                if run.step < run.total_steps and clock.due(run.step):
                     _save(run)  # the last step's checkpoint is model.pt itself (_finish)
+                    clock.saved()
     return meter
 
 

@@ -10,7 +10,8 @@ Custom loop (Keras 3's `fit` under the multi-worker strategy has open failure re
 warmup + polynomial decay (the same schedule object as the PyTorch trainer), BCE with logits over the global batch;
 worker w reads its share of each global batch straight from the files (models.dlrm_tf.data), the rows the PyTorch
 trainer's rank w reads. The chief evaluates (AUC, logloss on the whole test mapping) while the others wait.
-Checkpoints (model, optimizer, step) every `checkpoint_every_steps` and at the end; a rerun with the same output_dir
+Checkpoints (model, optimizer, step) every `checkpoint_every_minutes` and/or `checkpoint_every_steps`
+(models/common/checkpoint_clock.py) and at the end; a rerun with the same output_dir
 resumes from the newest one and reads on from the next batch (models.tfkit.run_state). Outputs on the chief:
 model.weights.h5 + model_config.json, train_log.jsonl, training_curves.png and metrics.json, written last.
 """
@@ -33,7 +34,8 @@ from models.dlrm_tf.config import DlrmTfConfig, parse_args
 from models.dlrm_tf.evaluate import hide_gpus, make_predictor, predict_mapping, save_model
 from models.dlrm_tf.model import DlrmTf, DlrmTfModelConfig, build_model
 from models.dlrm_tf.steps import make_host_table_sync, make_train_step
-from models.tfkit.cluster import WorkerContext, barrier, start_worker
+from models.common.checkpoint_clock import CheckpointClock
+from models.tfkit.cluster import WorkerContext, barrier, start_worker, sum_over_workers
 from models.tfkit.precision import precision_policy, wrap_optimizer
 from models.tfkit.run_state import RunState, TrainResult, check_run_arguments, write_final_outputs
 from tasks.core.progress import ProgressMeter, RankLog, format_bytes, format_duration
@@ -155,6 +157,9 @@ def _train_epochs(run: _Run, meter: ProgressMeter) -> bool:
     cfg, ctx = run.cfg, run.ctx
     train_step = make_train_step(run.model, run.optimizer, ctx.strategy, cfg.batch_size, cfg.xla)
     schedule = cfg.schedule(run.total_steps)
+    clock = CheckpointClock(cfg.checkpoint_every_steps, cfg.checkpoint_every_minutes, cfg.log_every_steps,
+                            agree=lambda due: sum_over_workers(ctx, float(due)) > 0, is_main=ctx.is_chief)
+    run.log(f"checkpoints {clock.describe()}")
     for epoch in range(run.step // run.steps_per_epoch, cfg.epochs):
         done = run.step - epoch * run.steps_per_epoch
         batches = data.train_batches(run.train_files, cfg.batch_size, ctx.index, ctx.workers, cfg.prefetch_depth,
@@ -174,8 +179,9 @@ def _train_epochs(run: _Run, meter: ProgressMeter) -> bool:
                 return True
             if cfg.eval_every_steps and run.step % cfg.eval_every_steps == 0 and run.step < run.total_steps:
                 _evaluate(run)
-            if cfg.checkpoint_every_steps and run.step % cfg.checkpoint_every_steps == 0:
+            if clock.due(run.step):
                 _save(run)
+                clock.saved()
     return False
 
 

@@ -6,7 +6,9 @@ release thresholds. The model knobs map one-to-one onto models.dlrm.config.DlrmC
 builds the trainer's config from a run's resolved knobs; `dlrm_memory_need` sizes it before launch.
 `NVIDIA_RECIPE` is NVIDIA DeepLearningExamples' PyTorch DLRM recipe for the 1TB click logs (batch 65536, plain SGD
 lr 24, warmup 8000, polynomial decay from 48000 over 24000 steps, one epoch), with the schedule scaled to the run's
-own step count (models/dlrm/config.py): a pipeline's `full` profile starts from it.
+own step count (models/dlrm/config.py): a pipeline's `full` profile starts from it. Checkpoints go by time at full
+size (every 15 min: with NVIDIA's 1TB table sizes a save takes ~27 s, as long as ~2,000 steps; see
+models/common/checkpoint_clock.py).
 """
 
 from __future__ import annotations
@@ -40,9 +42,12 @@ _KNOBS: dict[str, Knob] = {
                              "reach 0 earlier)."),
     "limit_train_batches": Knob({"type": "integer", "minimum": 1},
                                 "Stop each epoch after this many steps (0/empty in the profile = whole epoch)."),
+    "checkpoint_every_minutes": Knob({"type": "number", "minimum": 0, "maximum": 1440},
+                                     "Checkpoint once this many minutes of training have passed since the last; a "
+                                     "retried train task resumes from the last one (0 = no time interval)."),
     "checkpoint_every_steps": Knob({"type": "integer", "minimum": 0},
-                                   "Checkpoint interval in steps; a retried train task resumes from the last one "
-                                   "(0 = only at the end)."),
+                                   "Also checkpoint every this many steps (0 = no step interval; with no time "
+                                   "interval either, only at the end)."),
     "log_every_steps": Knob({"type": "integer", "minimum": 1}, "Progress line interval in steps."),
     "seed": Knob({"type": "integer", "minimum": 0}, "Seed for weights and batch order."),
     "amp": Knob({"type": "boolean"}, "Mixed precision: bf16 on the CPU and on GPUs of compute capability >= 8 "
@@ -64,7 +69,8 @@ RELEASE_KNOBS: dict[str, Knob] = {
 NVIDIA_RECIPE: dict[str, Any] = {
     "bottom_mlp": "512,256,128", "top_mlp": "1024,1024,512,256,1", "batch_size": 65536, "lr": 24.0, "epochs": 1,
     "warmup_steps": 8000, "decay_start_step": 48000, "decay_steps": 24000, "schedule_scaling": "run",
-    "limit_train_batches": None, "checkpoint_every_steps": 1000, "log_every_steps": 100, "seed": 12345,
+    "limit_train_batches": None, "checkpoint_every_minutes": 15, "checkpoint_every_steps": 0,
+    "log_every_steps": 100, "seed": 12345,
     "amp": False, "sharding": "data_parallel",
 }
 
