@@ -17,8 +17,8 @@ from tasks.core.config import Settings, load_settings
 from tasks.criteo import layout
 from tasks.criteo.settings import load_criteo_settings
 from tasks.criteo.synthetic import ensure_days
-from tasks.dagkit.local_run import (describe_click_metrics, print_publish_outcome, print_run, print_run_outcome,
-                                     print_tasks, run_dag)
+from tasks.dagkit.local_run import (describe_click_metrics, drop_triggered_runs, print_publish_outcome, print_run,
+                                     print_run_outcome, print_tasks, run_dag)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -53,6 +53,7 @@ def run_demo(args: argparse.Namespace) -> bool:
     if ingest_ok and not args.ingest_only and args.days >= 2:
         conf = {"profile": "demo", "train_days": f"0-{args.days - 2}", "test_day": args.days - 1,
                 **({"engine": args.engine} if getattr(args, "engine", None) else {}), **args.dlrm_conf}
+        drop_triggered_runs("criteo_dlrm")
         training = run_dag("criteo_dlrm", None, conf)
     total = time.monotonic() - start
 
