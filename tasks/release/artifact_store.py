@@ -18,7 +18,9 @@ import fcntl
 import logging
 import os
 import shutil
+import threading
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from urllib.parse import unquote, urlparse
 
@@ -270,10 +272,12 @@ class S3Store(ArtifactStore):
         local_path.parent.mkdir(parents=True, exist_ok=True)
         tmp = local_path.parent / f".tmp-{local_path.name}-{uuid.uuid4().hex[:8]}"
         try:
+            callback = None
             if max_bytes is not None:  # the size is checked before any byte lands on disk
                 head = self.client.head_object(Bucket=self.bucket, Key=self._key(key))
                 self._too_large(key, int(head["ContentLength"]), max_bytes)
-            self.client.download_file(self.bucket, self._key(key), str(tmp))
+                callback = self._byte_limit(key, max_bytes)  # and the bytes counted: it may change after the HEAD
+            self.client.download_file(self.bucket, self._key(key), str(tmp), Callback=callback)
             os.replace(tmp, local_path)
         except ClientError as exc:
             if _error_code(exc) in _MISSING:
@@ -283,6 +287,20 @@ class S3Store(ArtifactStore):
             with contextlib.suppress(FileNotFoundError):
                 tmp.unlink()
         return local_path
+
+    def _byte_limit(self, key: str, max_bytes: int) -> Callable[[int], None]:
+        """A download progress callback that stops the transfer once more than `max_bytes` arrived (an object
+        replaced by a larger one between the size check and the transfer; s3transfer calls it from its threads)."""
+        received, lock = [0], threading.Lock()
+
+        def count(new_bytes: int) -> None:
+            with lock:
+                received[0] += new_bytes
+                if received[0] > max_bytes:
+                    raise ObjectTooLarge(f"artifact {self.url_for(key)} sent more than the {max_bytes} bytes "
+                                         "expected (it changed after its size was checked): not kept")
+
+        return count
 
     def compare_and_swap(self, key: str, data: bytes, expected: bytes | None) -> bool:
         from botocore.exceptions import ClientError

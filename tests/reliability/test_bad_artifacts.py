@@ -224,6 +224,24 @@ def test_an_object_larger_than_expected_is_refused_before_it_is_read(tmp_path, s
     assert store.download_file("m/latest.json", tmp_path / "ok.bin", max_bytes=10).read_bytes() == b"0123456789"
 
 
+def test_an_s3_object_replaced_by_a_larger_one_after_its_size_check_is_not_kept(tmp_path, s3_server, s3_bucket,
+                                                                               monkeypatch):
+    """The size check (HEAD) and the transfer are two requests: an object replaced in between by a larger one is
+    stopped by its byte count, and nothing of it is left on disk."""
+    from tasks.release.artifact_store import ObjectTooLarge
+
+    store = _store("s3", tmp_path, s3_server, s3_bucket)
+    store.put_bytes("m/versions/v1/model.pt", b"0123456789")
+    head = store.client.head_object
+    monkeypatch.setattr(store.client, "head_object", lambda **kwargs: {
+        **head(**kwargs), "ContentLength": 4})  # the object as it was when the manifest said 4 bytes
+    with pytest.raises(ObjectTooLarge) as caught:
+        store.download_file("m/versions/v1/model.pt", tmp_path / "got" / "model.pt", max_bytes=4)
+    one_line(caught.value, "m/versions/v1/model.pt sent more than the 4 bytes expected (it changed after its size "
+                           "was checked): not kept")
+    assert list((tmp_path / "got").iterdir()) == []
+
+
 def test_a_manifest_replaced_by_garbage_is_tampered_not_parsed(tmp_path, model_file):
     """With the registry's digest the bytes are compared before they are parsed: not JSON is TamperedVersion too."""
     from tasks.release.publish import TamperedVersion, fetch_published_version, publish_model
