@@ -19,9 +19,10 @@ from models.dlrm.evaluate import save_model_file
 from models.dlrm.export import export, load_serving_model
 from models.dlrm.model import Dlrm
 from tasks.criteo.predict import (DICTIONARY_PREFIX, PREPROCESSING_FILE, TORCHSCRIPT_FILE, CriteoFeatures,
-                                  NotSelfContained, fetch_model, predict_file, preprocessing_spec)
+                                  NotSelfContained, predict_file, preprocessing_spec)
 from tasks.criteo.raw_validation import DataQualityError
 from tasks.criteo.schema import CAT_COLUMNS
+from tasks.release.steps import fetch_model
 from tests.conftest import CRITEO_SAMPLE
 
 # Kept values of two columns, in id order (ids 1..n); every other column keeps nothing (all ids 0).

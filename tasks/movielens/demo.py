@@ -53,7 +53,7 @@ def run_demo(args: argparse.Namespace) -> bool:
 
 def print_training_outcome(settings: Settings, training: dict) -> None:
     from tasks.movielens.ncf import run_paths
-    from tasks.release.publish import fetch_published_version
+    from tasks.release.steps import fetch_model
 
     print_run_outcome(run_paths(settings, training["run_id"]),
                       lambda m: f"test HR@10 {m['hr@10']:.4f} (random ranking {m['random_hr@10']:.4f}), NDCG@10 "
@@ -62,8 +62,7 @@ def print_training_outcome(settings: Settings, training: dict) -> None:
     latest = print_publish_outcome(settings.publish_store, "movielens_ncf", training)
     if not latest:
         return
-    local = fetch_published_version(settings.publish_store, "movielens_ncf", latest["version"],
-                                    layout.models_cache(settings.data_root) / "movielens_ncf" / latest["version"])
+    local = fetch_model(latest["uri"], layout.models_cache(settings.data_root))  # verified by the registry
     command = [sys.executable, "-m", "tasks.movielens.predict", "recommend", "--model-dir", str(local),
                "--user", "1", "--k", "5"]
     print("$ python -m tasks.movielens.predict recommend --model-dir <version> --user 1 --k 5")

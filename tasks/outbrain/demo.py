@@ -54,7 +54,7 @@ def run_demo(args: argparse.Namespace) -> bool:
 
 def print_training_outcome(settings: Settings, training: dict) -> None:
     from tasks.outbrain.wide_deep import PIPELINE, run_paths
-    from tasks.release.publish import fetch_published_version
+    from tasks.release.steps import fetch_model
 
     print_run_outcome(run_paths(settings, training["run_id"]),
                       lambda m: f"validation MAP@12 {m['map@12']:.4f} (random ranking of the same displays "
@@ -64,8 +64,7 @@ def print_training_outcome(settings: Settings, training: dict) -> None:
     latest = print_publish_outcome(settings.publish_store, PIPELINE, training)
     if not latest:
         return
-    local = fetch_published_version(settings.publish_store, PIPELINE, latest["version"],
-                                    layout.models_cache(settings.data_root) / PIPELINE / latest["version"])
+    local = fetch_model(latest["uri"], layout.models_cache(settings.data_root))  # verified by the registry
     tables = layout.validated_dir(settings.data_root, load_outbrain_settings().snapshot)
     command = [sys.executable, "-m", "tasks.outbrain.predict", "rank", "--model-dir", str(local), "--tables",
                str(tables), "--limit", "3"]

@@ -86,6 +86,43 @@ def fetch_production(settings: Settings, version_uri: str, cache_dir: Path, *, a
     return fetch_published_version(store, model, version, cache_dir / model / version, s3_client, trusted)
 
 
+def fetch_model(model_uri: str, cache_dir: Path, s3_client: Any = None) -> Path:
+    """A published version (its URI, or a model's URI for the latest version) as a verified local directory under
+    cache_dir/<model>/<version>: what the predict CLIs and the demos load.
+
+    In a store of this deployment's (RECFLOW_PUBLISH_ALLOWED) the registry is the authority: it names the latest
+    version (not the store's latest.json, which anyone who can write to the bucket can move) and the digest the
+    version's manifest must have, checked before anything is fetched; a version it recorded no digest for is not
+    loaded (UnverifiedVersion: a version's files may hold pickles or TorchScript). A store outside the deployment's is the
+    person's own call: its latest.json names the version, and each file is checked against the version's manifest
+    only, with a warning."""
+    from tasks.core.config import load_settings
+    from tasks.release.publish import PublishNotAllowed, check_store_allowed, fetch_published_version, latest_version
+    from tasks.release.publish import parse_model_uri
+
+    store, model, version = parse_model_uri(model_uri)
+    settings = load_settings()
+    try:
+        check_store_allowed(store, settings.allowed_publish_stores)
+    except PublishNotAllowed as exc:
+        if version is None:
+            latest = latest_version(store, model, s3_client)
+            if latest is None:
+                raise FileNotFoundError(f"no version of {model} is published in {store}") from None
+            version = latest["version"]
+        log.warning("%s %s is not verified against the registry (%s): checked against its own manifest only",
+                    model, version, str(exc).splitlines()[0])
+        return fetch_published_version(store, model, version, Path(cache_dir) / model / version, s3_client)
+    asked, (version, recorded_uri, trusted) = version, trusted_version(settings, model, version)
+    try:
+        return fetch_published_version(store, model, version, Path(cache_dir) / model / version, s3_client, trusted)
+    except FileNotFoundError as exc:
+        if asked is not None:
+            raise
+        raise FileNotFoundError(f"the registry's latest {model} is {version}, published to {recorded_uri}, which "
+                                f"{store} does not hold ({str(exc).splitlines()[0]})") from exc
+
+
 def gate_run(settings: Settings, *, pipeline: str, dataset: str, run_id: str, model_name: str,
              metrics: Mapping[str, Any], metric: str, min_value: float, max_regression: float,
              window: Mapping[str, Any], config_hash: str, gate_dir: Path,

@@ -288,7 +288,7 @@ def test_presigned_url_signatures_stay_out_of_lineage_and_the_registry(tmp_path:
 def test_predict_takes_the_latest_version_from_the_registry_not_the_stores_pointer(tmp_path: Path, monkeypatch):
     """Anyone who can write to the bucket can commit a version with a manifest of its own and move latest.json to
     it; in a store of the deployment's, predict loads what the registry recorded, and refuses a version it did not."""
-    from tasks.criteo.predict import fetch_model
+    from tasks.release.steps import fetch_model
     from tasks.release.publish import latest_version, make_version, publish_model
 
     settings = Settings(data_root=tmp_path / "data")
@@ -321,7 +321,7 @@ def test_s3_prefix_check_compares_the_key_the_fetch_uses():
 
 def test_predict_refuses_a_tampered_version_the_registry_knows(tmp_path: Path, monkeypatch):
     """`python -m tasks criteo predict --model <uri>` fetches through the same check (its version holds TorchScript)."""
-    from tasks.criteo.predict import fetch_model
+    from tasks.release.steps import fetch_model
 
     settings = Settings(data_root=tmp_path / "data")
     monkeypatch.setenv("RECFLOW_DATA_ROOT", str(settings.data_root))
