@@ -86,7 +86,8 @@ def test_dlrm_trains_evaluates_and_publishes(ingested):
     # and the TorchScript export gives the eager model's.
     from models.dlrm.data import SplitBinaryDataset
     from models.dlrm.evaluate import load_model_file, predict_dataset
-    from tasks.criteo.predict import fetch_model, predict_file
+    from tasks.criteo.predict import predict_file
+    from tasks.release.steps import fetch_model
     from tasks.formats.feature_spec import FeatureSpec
 
     model, _ = load_model_file(version_dir / "model.pt")

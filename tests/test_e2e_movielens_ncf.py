@@ -51,10 +51,14 @@ def test_ingest_validates_and_announces_a_new_snapshot_once(env, ingested):
         "download": "success", "validate": "success", "announce": "success", "train_gate": "success"}
     # The gate's run of movielens_ncf waits in the queue (dag.test runs no scheduler): what `make demo` removes
     # before it runs movielens_ncf itself, so that a scheduler started on the demo's DB later does not train again.
-    drop = [sys.executable, "-c", "from tasks.dagkit.local_run import drop_triggered_runs as d; "
-                                  "print(d('movielens_ncf')); print(d('movielens_ncf'))"]
+    [triggered] = ingested["triggered"]
+    assert triggered.startswith("snapshot__ml-20m__"), ingested["triggered"]
+    summary = json.dumps({"triggered": [triggered]})
+    drop = [sys.executable, "-c", "import json, sys; from tasks.dagkit.local_run import drop_triggered_runs as d; "
+                                  "runs = [json.loads(sys.argv[1])]; print(d('movielens_ncf', runs)); "
+                                  "print(d('movielens_ncf', runs))", summary]
     dropped = subprocess.run(drop, env=env, capture_output=True, text=True, timeout=120, check=True).stdout
-    assert dropped.splitlines()[-2].startswith("['snapshot__ml-20m__") and dropped.splitlines()[-1] == "[]", dropped
+    assert dropped.splitlines()[-2:] == [str([triggered]), "[]"], dropped
     root = Path(env["RECFLOW_DATA_ROOT"])
     report = json.loads((layout.validated_dir(root, "ml-20m") / "report.json").read_text())
     assert report["rows"]["good"] >= USERS * 20 and report["rows"]["bad"] == 0

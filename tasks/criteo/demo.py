@@ -41,10 +41,11 @@ def run_demo(args: argparse.Namespace) -> bool:
         print(f"writing {args.days} synthetic Criteo days of {args.rows} rows to {source_dir}")
         ensure_days(source_dir, range(args.days), args.rows, args.seed)
 
-    summary = []
+    summary, ingest_runs = [], []
     start = time.monotonic()
     for day in range(args.days):
         run = run_dag("criteo_ingest", criteo.epoch_datetime + timedelta(days=day))
+        ingest_runs.append(run)
         summary.append((day, run["state"], run["wall_seconds"], run["tasks"]))
         if run["state"] != "success":
             break
@@ -53,7 +54,7 @@ def run_demo(args: argparse.Namespace) -> bool:
     if ingest_ok and not args.ingest_only and args.days >= 2:
         conf = {"profile": "demo", "train_days": f"0-{args.days - 2}", "test_day": args.days - 1,
                 **({"engine": args.engine} if getattr(args, "engine", None) else {}), **args.dlrm_conf}
-        drop_triggered_runs("criteo_dlrm")
+        drop_triggered_runs("criteo_dlrm", ingest_runs)
         training = run_dag("criteo_dlrm", None, conf)
     total = time.monotonic() - start
 

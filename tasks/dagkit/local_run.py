@@ -28,21 +28,35 @@ def run_dag(dag_id: str, logical_date: datetime | None, conf: dict[str, Any] | N
                              "try_number": ti.try_number,
                              "start": ti.start_date.isoformat() if ti.start_date else None}
     return {"dag_id": dag_id, "run_id": dag_run.run_id, "state": str(dag_run.state), "wall_seconds": wall,
-            "tasks": dict(sorted(tasks.items(), key=lambda kv: kv[1]["start"] or "~"))}
+            "tasks": dict(sorted(tasks.items(), key=lambda kv: kv[1]["start"] or "~")),
+            "triggered": _triggered_run_ids(dag_id, dag_run.run_id)}
 
 
-def drop_triggered_runs(dag_id: str) -> list[str]:
-    """Remove from the metadata DB the runs of `dag_id` that an ingest's gate triggered and that still wait (queued:
-    `dag.test()` runs no scheduler), because the demo runs that DAG itself. Left there, they would start under a
-    scheduler started on this DB later (`make airflow`), as trainings nobody asked for. Returns their run ids."""
+def _triggered_run_ids(dag_id: str, run_id: str) -> list[str]:
+    """The run ids a run's trigger tasks created (their `trigger_run_id` XCom, TriggerDagRunOperator's record)."""
+    from airflow.models.xcom import XComModel
+    from airflow.utils.session import create_session
+
+    with create_session() as session:
+        rows = session.scalars(XComModel.get_many(run_id=run_id, dag_ids=dag_id, key="trigger_run_id")).all()
+        return [str(XComModel.deserialize_value(row)) for row in rows]
+
+
+def drop_triggered_runs(dag_id: str, ingest_runs: list[dict[str, Any]]) -> list[str]:
+    """Remove from the metadata DB the runs of `dag_id` that the gates of these ingest runs (run_dag summaries)
+    triggered and that still wait (queued: `dag.test()` runs no scheduler), because the demo runs that DAG itself.
+    Left there, they would start under a scheduler started on this DB later (`make airflow`), as trainings nobody
+    asked for. Other queued runs (a scheduler's, on this DB before) are left alone. Returns the removed run ids."""
     from airflow.models.dagrun import DagRun
     from airflow.utils.session import create_session
     from airflow.utils.state import DagRunState
-    from airflow.utils.types import DagRunTriggeredByType
 
+    run_ids = sorted({run_id for run in ingest_runs for run_id in run.get("triggered", [])})
+    if not run_ids:
+        return []
     with create_session() as session:
-        waiting = session.query(DagRun).filter(DagRun.dag_id == dag_id, DagRun.state == DagRunState.QUEUED,
-                                               DagRun.triggered_by == DagRunTriggeredByType.OPERATOR).all()
+        waiting = session.query(DagRun).filter(DagRun.dag_id == dag_id, DagRun.run_id.in_(run_ids),
+                                               DagRun.state == DagRunState.QUEUED).all()
         for run in waiting:
             print(f"{dag_id} run {run.run_id}, triggered by the ingest's gate, is left out: the demo runs {dag_id} "
                   "itself")
@@ -72,7 +86,7 @@ def run_ingest_then_training(ingest_dag: str, ingest_conf: dict[str, Any], inges
     ingest = run_dag(ingest_dag, None, ingest_conf)
     training = None
     if ingest["state"] == "success":
-        drop_triggered_runs(training_dag)
+        drop_triggered_runs(training_dag, [ingest])
         training = run_dag(training_dag, None, training_conf)
     total = time.monotonic() - start
     print_run(ingest_dag, ingest_label, ingest)

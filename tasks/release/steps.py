@@ -93,9 +93,9 @@ def fetch_model(model_uri: str, cache_dir: Path, s3_client: Any = None) -> Path:
     In a store of this deployment's (RECFLOW_PUBLISH_ALLOWED) the registry is the authority: it names the latest
     version (not the store's latest.json, which anyone who can write to the bucket can move) and the digest the
     version's manifest must have, checked before anything is fetched; a version it recorded no digest for is not
-    loaded (UnverifiedVersion: a version's files may hold pickles or TorchScript). A store outside the deployment's is the
-    person's own call: its latest.json names the version, and each file is checked against the version's manifest
-    only, with a warning."""
+    loaded (UnverifiedVersion: a version's files may hold pickles or TorchScript). A store outside the deployment's
+    is the person's own call: its latest.json names the version, and each file is checked against the version's
+    manifest only, with a warning."""
     from tasks.core.config import load_settings
     from tasks.release.publish import PublishNotAllowed, check_store_allowed, fetch_published_version, latest_version
     from tasks.release.publish import parse_model_uri

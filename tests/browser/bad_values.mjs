@@ -26,8 +26,9 @@ async function tryCase(page, c) {
   let problems = await dialogProblems(dialog);
   const answered = async () => {
     problems = await dialogProblems(dialog);
+    const value = await field.inputValue();  // a clamp: another value, not the empty field of a re-render
     return !problems.submit_enabled || problems.fields.some((f) => f.name === c.param)
-      || (await field.inputValue()) !== typed;
+      || (value !== typed && value !== '');
   };
   if (!c.submit) {
     await pollUntil(answered, args.settle_ms ?? 5000);
