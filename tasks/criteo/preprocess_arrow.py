@@ -203,10 +203,13 @@ class DictionaryLookup:
     index; any other column (or batch) with pyarrow's index_in on the strings. Both give the Spark job's ids.
     """
 
-    def __init__(self, dictionary_dir: Path, cardinalities: list[int]) -> None:
+    def __init__(self, dictionary_dir: Path, cardinalities: list[int] | None, values_dir: Path | None = None) -> None:
+        """values_dir: the dictionary's parquet files, where they are not dictionary_dir/dictionary (a published
+        version's dictionary/values/); cardinalities None: the value counts are not checked against them."""
         import pandas as pd
 
-        table = parquet_dataset(dictionary_dir / DICTIONARY, "dictionary").to_table(columns=["column", "value", "id"])
+        values_dir = Path(dictionary_dir) / DICTIONARY if values_dir is None else values_dir
+        table = parquet_dataset(values_dir, "dictionary").to_table(columns=["column", "value", "id"])
         table = table.take(pc.sort_indices(table, sort_keys=[("column", "ascending"), ("id", "ascending")]))
         column_ids = table.column("column").to_numpy()
         bounds = np.searchsorted(column_ids, np.arange(len(CAT_COLUMNS) + 1))
@@ -217,7 +220,7 @@ class DictionaryLookup:
             ids = part.column("id").to_numpy()
             if not np.array_equal(ids, np.arange(1, len(ids) + 1)):
                 raise ValueError(f"dictionary {name}: ids are not 1..{len(ids)}; rebuild the dictionary")
-            if len(ids) + 1 != cardinalities[index]:
+            if cardinalities is not None and len(ids) + 1 != cardinalities[index]:
                 raise ValueError(f"dictionary {name}: {len(ids)} values but cardinalities.json says "
                                  f"{cardinalities[index]} (expected values + 1); the dictionary directory is "
                                  "inconsistent")
