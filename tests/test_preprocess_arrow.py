@@ -160,6 +160,20 @@ def test_many_buckets_and_two_workers_give_the_same_bytes(window, by_arrow, tmp_
     assert dataset_bytes(tmp_path / "ds") == dataset_bytes(by_arrow["dataset"])
 
 
+def test_many_buckets_in_threads_under_a_small_file_limit_give_the_same_bytes(window, by_arrow, tmp_path,
+                                                                              monkeypatch):
+    # 128 train buckets through 2 threads, each allowed 8 open bucket files: the oldest are closed and reopened
+    # (appending after what they hold); after pass 1 none of them is left open.
+    import os
+
+    monkeypatch.setattr(preprocess_arrow, "_file_limit", lambda: preprocess_arrow._RESERVED_FDS + 16)
+    before = len(os.listdir("/proc/self/fd"))
+    preprocess_arrow.transform_main(transform_argv(window, by_arrow["dictionary"], tmp_path / "ds"),
+                                    bucket_rows=64, workers=2, rows_per_worker=1 << 30)  # threads
+    assert dataset_bytes(tmp_path / "ds") == dataset_bytes(by_arrow["dataset"])
+    assert len(os.listdir("/proc/self/fd")) <= before and not preprocess_arrow._APPENDERS
+
+
 @pytest.mark.spark
 def test_spark_engine_day_stats_give_the_same_bytes(spark, window, by_arrow, tmp_path):
     """The test day's stats by the Spark day-stats job (row_order = partition << 33 | index, several partitions)."""
@@ -276,6 +290,18 @@ def test_lookup_of_values_that_are_not_hex(tmp_path):
     assert lookup.ids(0, full).tolist() == [2, 0, 1, 0]
     with pytest.raises(ValueError, match="cat_0: 2 values but cardinalities.json says 5"):
         preprocess_arrow.DictionaryLookup(tmp_path, [5] + cardinalities[1:])
+
+
+def test_a_column_dictionary_sums_spilled_counts_and_keeps_no_null_value(tmp_path):
+    spill = tmp_path / "column-00.arrow"
+    with pa.ipc.new_file(spill, preprocess_arrow._COUNTS_SPILL_SCHEMA) as writer:  # two days' counts
+        writer.write_table(pa.table({"value": ["0000000b", None, "0000000a"], "count": [2, 9, 1]},
+                                    schema=preprocess_arrow._COUNTS_SPILL_SCHEMA))
+        writer.write_table(pa.table({"value": ["0000000a", "0000000c", None], "count": [1, 1, 9]},
+                                    schema=preprocess_arrow._COUNTS_SPILL_SCHEMA))
+    rows, summary = preprocess_arrow.column_dictionary(spill, 0, threshold=2)
+    assert rows.to_pydict() == {"column": [0, 0], "value": ["0000000a", "0000000b"], "id": [1, 2], "count": [2, 2]}
+    assert summary == {"threshold": 2, "kept": 2, "dropped": 1, "occurrences_kept_share": 0.8}
 
 
 def test_log_numerical_rules():
