@@ -213,6 +213,17 @@ def test_host_memory_tables_train_in_mixed_precision(overrides: dict, dataset: P
     assert result.final_metrics["precision"] == ("fp16" if "precision" in overrides else "bf16")
 
 
+def test_a_run_that_cannot_finish_in_its_time_budget_stops_at_a_log_interval(dataset: Path, tmp_path: Path,
+                                                                              monkeypatch) -> None:
+    from models.common import time_budget
+    from models.dlrm_tf.train import main
+
+    monkeypatch.setattr(time_budget, "MIN_MEASURED_S", 0.0)  # trusted from the first interval (300 s in a real run)
+    with pytest.raises(time_budget.TrainingTooSlowError, match="training too slow: at [\\d,]+ samples/s"):
+        main(_argv(dataset, tmp_path, time_budget_s=0.001))
+    assert not (tmp_path / "metrics.json").exists()
+
+
 def test_two_workers_through_the_launcher_end_with_identical_weights(dataset: Path, tmp_path: Path,
                                                                      caplog) -> None:
     # A time interval that is always over: the chief decides at each log interval (20 steps) and the other worker

@@ -96,6 +96,27 @@ def test_tiny_run_learns_planted_signal_and_writes_outputs(dataset: Path, tmp_pa
     assert json.loads(evaluated.metrics_path.read_text())["auc"] == evaluated.auc
 
 
+def test_a_run_that_cannot_finish_in_its_time_budget_stops_with_one_line(dataset: Path, tmp_path: Path, capsys,
+                                                                          monkeypatch) -> None:
+    # The rate is trusted from the first log interval here (300 s of training in a real run), and a budget of 1 ms
+    # is spent by then: the run stops at step 10, before its last step, printing the launcher's marked line.
+    from models.common import time_budget
+    from tasks.core.launch import TrainingTooSlow, _training_failed
+    from tasks.core.process import ERROR_MARKER
+
+    monkeypatch.setattr(time_budget, "MIN_MEASURED_S", 0.0)
+    with pytest.raises(time_budget.TrainingTooSlowError, match="at [\\d,]+ samples/s this run needs"):
+        main(_args(dataset, tmp_path, "--batch_size", "128", "--log_every_steps", "10", "--time_budget_s", "0.001"))
+    [line] = [line for line in capsys.readouterr().out.splitlines() if ERROR_MARKER in line]
+    failure = _training_failed("training exited 1", line.split(ERROR_MARKER, 1)[1].strip())
+    assert isinstance(failure, TrainingTooSlow) and str(failure).startswith("training too slow: at ")
+    assert "more than the 0:00:00 its task has left" in str(failure)
+    assert not (tmp_path / "model.pt").exists()
+    # With a budget it fits, the same run trains to the end.
+    assert main(_args(dataset, tmp_path / "ok", "--batch_size", "1024", "--log_every_steps", "10",
+                      "--time_budget_s", "3600")).steps == 20_000 // 1024
+
+
 def test_cpu_amp_uses_bf16_matmuls_and_trains(dataset: Path, tmp_path: Path) -> None:
     model = Dlrm(4, [40, 25, 12, 8, 300], bottom_mlp_sizes=(16, 8), top_mlp_sizes=(16, 1))
     seen: list[torch.dtype] = []

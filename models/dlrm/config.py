@@ -64,6 +64,8 @@ class DlrmConfig:
                                                    "last, checked at log intervals (0: none by time); with "
                                                    "checkpoint_every_steps 0 too, only at the end")
     keep_checkpoints: int = option(3, "how many step checkpoints to keep (0: all)")
+    time_budget_s: float = option(0.0, "seconds this run may still take (its task's attempts): stop with one line "
+                                       "once the measured rate says it needs more (0: no check)")
     # execution
     device: str = option("auto", "cpu, cuda or auto", choices=("cpu", "cuda", "auto"))
     amp: bool = option(False, "mixed precision (autocast in --amp_dtype)")

@@ -24,6 +24,7 @@ from typing import Any
 import torch
 
 from models.common.checkpoint_clock import CheckpointClock
+from models.common.time_budget import stop_if_too_slow, too_slow
 from models.torchkit.checkpoint import (CheckpointError, capture_rng_state, device_fingerprint, latest_checkpoint,
                                       link_checkpoint, load_checkpoint, restore_rng_state, save_checkpoint,
                                       state_checksum)
@@ -278,7 +279,7 @@ def _check_compatible(run: _Run, path: Path, state: dict[str, Any]) -> None:
         raise CheckpointError(f"{path}: model {shape(state['hparams'])} differs from this run's "
                               f"{shape(run.core.hparams)}; use a new output_dir for a different model")
     changed = {k: f"{state['config'].get(k)!r} -> {v!r}" for k, v in run.cfg.to_dict().items()
-               if state["config"].get(k) != v}
+               if state["config"].get(k) != v and k != "time_budget_s"}  # the budget is each attempt's own
     if state["world_size"] != run.ctx.world_size:
         changed["world_size"] = f"{state['world_size']} -> {run.ctx.world_size}"
     if changed:
@@ -414,6 +415,7 @@ def _train_epochs(run: _Run) -> ProgressMeter:
     clock = CheckpointClock(cfg.checkpoint_every_steps, cfg.checkpoint_every_minutes, cfg.log_every_steps,
                             agree=partial(broadcast_from_main, run.ctx), is_main=run.ctx.is_main)
     run.log(f"checkpoints {clock.describe()}")
+    started = time.perf_counter()
     loss_sum, count = torch.zeros((), device=run.ctx.device), 0
     for epoch in range(run.step // run.steps_per_epoch, cfg.epochs):
         indices = shard_batch_indices(len(run.train_data), run.ctx.rank, run.ctx.world_size,
@@ -428,12 +430,25 @@ def _train_epochs(run: _Run) -> ProgressMeter:
                 if run.step % cfg.log_every_steps == 0 or run.step == run.total_steps:
                     _log_interval(run, epoch, loss_sum, count, meter)
                     loss_sum, count = torch.zeros((), device=run.ctx.device), 0
+                    if cfg.time_budget_s and run.step < run.total_steps:
+                        _stop_if_too_slow(run, meter, started)
                 if cfg.eval_every_steps and run.step % cfg.eval_every_steps == 0 and run.step < run.total_steps:
                     _evaluate(run)
                 if run.step < run.total_steps and clock.due(run.step):
                     _save(run)  # the last step's checkpoint is model.pt itself (_finish)
                     clock.saved()
     return meter
+
+
+def _stop_if_too_slow(run: _Run, meter: ProgressMeter, started: float) -> None:
+    """Rank 0 compares the run's need (trained + eta at its measured rate) with cfg.time_budget_s; every rank gets
+    its verdict at the same step (models/common/time_budget.py)."""
+    reason = None
+    if run.ctx.is_main:
+        rate = meter.overall_samples_per_second(run.step)
+        eta = (run.total_steps - run.step) * run.cfg.batch_size / max(rate, 1e-9)
+        reason = too_slow(run.cfg.time_budget_s, time.perf_counter() - started, eta, rate)
+    stop_if_too_slow(broadcast_from_main(run.ctx, reason), run.ctx.is_main)
 
 
 def _finish(run: _Run, resumed: int | None, meter: ProgressMeter) -> TrainResult:

@@ -35,6 +35,7 @@ from models.dlrm_tf.evaluate import hide_gpus, make_predictor, predict_mapping, 
 from models.dlrm_tf.model import DlrmTf, DlrmTfModelConfig, build_model
 from models.dlrm_tf.steps import make_host_table_sync, make_train_step
 from models.common.checkpoint_clock import CheckpointClock
+from models.common.time_budget import stop_if_too_slow, too_slow
 from models.tfkit.cluster import WorkerContext, barrier, start_worker, sum_over_workers
 from models.tfkit.precision import precision_policy, wrap_optimizer
 from models.tfkit.run_state import RunState, TrainResult, check_run_arguments, write_final_outputs
@@ -160,6 +161,7 @@ def _train_epochs(run: _Run, meter: ProgressMeter) -> bool:
     clock = CheckpointClock(cfg.checkpoint_every_steps, cfg.checkpoint_every_minutes, cfg.log_every_steps,
                             agree=lambda due: sum_over_workers(ctx, float(due)) > 0, is_main=ctx.is_chief)
     run.log(f"checkpoints {clock.describe()}")
+    started = time.perf_counter()
     for epoch in range(run.step // run.steps_per_epoch, cfg.epochs):
         done = run.step - epoch * run.steps_per_epoch
         batches = data.train_batches(run.train_files, cfg.batch_size, ctx.index, ctx.workers, cfg.prefetch_depth,
@@ -173,6 +175,8 @@ def _train_epochs(run: _Run, meter: ProgressMeter) -> bool:
             if run.step % cfg.log_every_steps == 0 or run.step == run.total_steps:
                 _log_interval(run, epoch, loss_sum, count, meter, lr)
                 loss_sum, count = tf.zeros([]), 0
+                if cfg.time_budget_s and run.step < run.total_steps:
+                    _stop_if_too_slow(run, meter, started)
             if cfg.stop_after_steps is not None and run.step >= cfg.stop_after_steps:
                 _save(run)
                 run.log(f"stopping after step {run.step} (stop_after_steps): rerun to resume")
@@ -183,6 +187,19 @@ def _train_epochs(run: _Run, meter: ProgressMeter) -> bool:
                 _save(run)
                 clock.saved()
     return False
+
+
+def _stop_if_too_slow(run: _Run, meter: ProgressMeter, started: float) -> None:
+    """The chief compares the run's need (trained + eta at its measured rate) with cfg.time_budget_s; every worker
+    gets its verdict at the same step (models/common/time_budget.py)."""
+    reason = None
+    if run.ctx.is_chief:
+        rate = meter.overall_samples_per_second(run.step)
+        eta = (run.total_steps - run.step) * run.cfg.batch_size / max(rate, 1e-9)
+        reason = too_slow(run.cfg.time_budget_s, time.perf_counter() - started, eta, rate)
+    if sum_over_workers(run.ctx, float(reason is not None)) > 0 and reason is None:
+        reason = "training too slow: the chief's measured rate says this run cannot finish in its time budget"
+    stop_if_too_slow(reason, run.ctx.is_chief)
 
 
 def _finish(run: _Run, resumed: int | None, meter: ProgressMeter) -> TrainResult:

@@ -229,7 +229,8 @@ def train(settings: Settings, run_id: str, run: dict[str, Any]) -> dict[str, Any
     paths = run_paths(settings, run_id)
     config = model_config(run["knobs"], run["device"])
     return train_with_torchrun(TRAIN_MODULE, paths.dataset, paths.train, config, nproc=run["nproc"],
-                               label=f"train {run_id}", memory=dlrm_memory_need(paths.dataset, config))
+                               label=f"train {run_id}", memory=dlrm_memory_need(paths.dataset, config),
+                               time_budget_s=run.get("time_budget_s", 0.0))
 
 
 def evaluate(settings: Settings, run_id: str, run: dict[str, Any], trained: dict[str, Any] | None = None,

@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tasks.core.process import ChildCommand, ProcessResult, run_streaming, run_streaming_group
+from tasks.core.process import TOO_SLOW, ChildCommand, ProcessResult, run_streaming, run_streaming_group
 from tasks.core.storage import Manifest, completed_manifest, read_manifest, write_manifest
 
 if TYPE_CHECKING:
@@ -54,6 +54,19 @@ OUTPUT_WAIT_S = 600.0  # how long a node waits for outputs that another node's r
 
 class TrainingFailed(RuntimeError):
     """The trainer exited non-zero; the message is its last error line."""
+
+
+class TrainingTooSlow(ValueError):
+    """The trainer measured that the run cannot finish in the time its task has left over its attempts (bad input
+    for this deployment: a retry cannot help). One line: the rate, the time needed and the budget, what to change."""
+
+
+def _training_failed(what: str, line: str) -> Exception:
+    """The exception of a trainer that failed with `line` (its error line): TrainingTooSlow for models'
+    time-budget stop, TrainingFailed (retried) otherwise."""
+    if TOO_SLOW in line:
+        return TrainingTooSlow(line[line.index(TOO_SLOW):])
+    return TrainingFailed(f"{what}: {line}")
 
 
 class ModelTooLarge(ValueError):
@@ -329,11 +342,13 @@ def _training_result(output_dir: Path, model_file: str, done: dict[str, Any]) ->
 
 def train_with_torchrun(module: str, dataset_dir: Path, output_dir: Path, config: Mapping[str, Any], *,
                         nproc: int = 1, label: str = "train", nodes: NodeLayout | None = None,
-                        memory: MemoryNeed | None = None) -> dict[str, Any]:
+                        memory: MemoryNeed | None = None, time_budget_s: float = 0.0) -> dict[str, Any]:
     """Run `module` (a trainer whose main() takes --dataset_dir/--output_dir plus its config flags and writes
     model.pt, then metrics.json) on nproc processes; cached by a manifest of (dataset, config, nproc). Returns
     metrics + paths. `nodes`: this node's place in a multi-node job (default: from the deployment's settings);
-    every node calls this with the same arguments. `memory`: the model's least memory, checked before launching."""
+    every node calls this with the same arguments. `memory`: the model's least memory, checked before launching.
+    `time_budget_s`: the seconds the task has left over its attempts, handed to a trainer that takes it (not part
+    of the cache key: a retry has less)."""
     dataset_manifest = read_manifest(dataset_dir)
     if dataset_manifest is None:
         raise FileNotFoundError(f"dataset {dataset_dir} has no manifest: run transform / validate first")
@@ -345,7 +360,8 @@ def train_with_torchrun(module: str, dataset_dir: Path, output_dir: Path, config
     if done is None:
         if memory is not None:
             check_memory(memory, nproc, device=str(config.get("device", "auto")), nodes=nodes)
-        full = {**config, "dataset_dir": str(dataset_dir), "output_dir": str(output_dir)}
+        full = {**config, "dataset_dir": str(dataset_dir), "output_dir": str(output_dir),
+                **({"time_budget_s": time_budget_s} if time_budget_s else {})}
         argv = torchrun_command(nproc, module, config_args(full), nnodes=nodes.nnodes, node_rank=nodes.node_rank,
                                 **nodes.torchrun_rdzv(output_dir))
         log.info("launching %d training process(es) on node %d of %d: %s", nproc, nodes.node_rank, nodes.nnodes,
@@ -353,7 +369,7 @@ def train_with_torchrun(module: str, dataset_dir: Path, output_dir: Path, config
         started = time.time() - 1.0  # file times can be a little coarser than the clock
         result = run_streaming(argv, env=_child_env(nproc), label=label)
         if result.returncode != 0 and not _accept_abort([result], output_dir, TORCH_MODEL_FILE, started, "training"):
-            raise TrainingFailed(f"training exited {result.returncode}: {result.last_error_line}")
+            raise _training_failed(f"training exited {result.returncode}", result.last_error_line)
         done = _record_finished_training(output_dir, module, inputs, TORCH_MODEL_FILE, started, nodes.multi_node)
     else:
         log.info("training in %s already finished for these inputs: nothing to do", output_dir)
@@ -397,14 +413,15 @@ def tf_worker_envs(workers: int, *, ports: list[int] | None = None, host: str = 
 
 def train_with_tf_workers(module: str, dataset_dir: Path, output_dir: Path, config: Mapping[str, Any], *,
                           workers: int = 1, label: str = "train", manifest_dir: Path | None = None,
-                          nodes: NodeLayout | None = None, memory: MemoryNeed | None = None) -> dict[str, Any]:
+                          nodes: NodeLayout | None = None, memory: MemoryNeed | None = None,
+                          time_budget_s: float = 0.0) -> dict[str, Any]:
     """Run `module` (a TensorFlow trainer whose main() takes --dataset_dir/--output_dir plus its config flags,
     reads TF_CONFIG and writes metrics.json on the chief) as `workers` processes; cached by a manifest of
     (dataset, config, workers). `manifest_dir`: where the dataset's manifest is when dataset_dir is a part of a
     larger output (default: dataset_dir). If one worker fails the others are stopped and TrainingFailed names the
     failing worker and its last error line. `nodes`: this node's place in a multi-node job (default: from the
     deployment's settings; `workers` is then the number per node). `memory`: the model's least memory, checked
-    before launching. Returns metrics + paths."""
+    before launching. `time_budget_s`: as train_with_torchrun's. Returns metrics + paths."""
     manifest_dir = manifest_dir or dataset_dir
     dataset_manifest = read_manifest(manifest_dir)
     if dataset_manifest is None:
@@ -420,7 +437,8 @@ def train_with_tf_workers(module: str, dataset_dir: Path, output_dir: Path, conf
     if done is None:
         if memory is not None:
             check_memory(memory, workers, device=str(config.get("device", "auto")), nodes=nodes)
-        full = {**config, "dataset_dir": str(dataset_dir), "output_dir": str(output_dir)}
+        full = {**config, "dataset_dir": str(dataset_dir), "output_dir": str(output_dir),
+                **({"time_budget_s": time_budget_s} if time_budget_s else {})}
         argv = [sys.executable, "-m", module, *config_args(full)]
         envs = tf_worker_envs(workers, **layout)
         first = layout.get("indices", [0])[0]
@@ -431,8 +449,8 @@ def train_with_tf_workers(module: str, dataset_dir: Path, output_dir: Path, conf
         result = run_streaming_group(children, label=label)
         if not result.ok and not _accept_abort(result.results, output_dir, TF_MODEL_FILE, started, "training"):
             failed = result.results[result.first_failed]
-            raise TrainingFailed(f"training worker {first + result.first_failed} of {workers} exited "
-                                 f"{failed.returncode}: {failed.last_error_line}")
+            raise _training_failed(f"training worker {first + result.first_failed} of {workers} exited "
+                                   f"{failed.returncode}", failed.last_error_line)
         done = _record_finished_training(output_dir, module, inputs, TF_MODEL_FILE, started, nodes.multi_node)
     else:
         log.info("training in %s already finished for these inputs: nothing to do", output_dir)

@@ -32,6 +32,9 @@ from dataclasses import dataclass
 log = logging.getLogger(__name__)
 
 ERROR_MARKER = "RECFLOW-ERROR:"  # recflow's jobs print their one-line failure reason after this marker
+# A trainer's reason starts with this when its measured rate says the run cannot finish in its task's time
+# (models/common/time_budget.py); the launcher fails the task without retry (tasks.core.launch.TrainingTooSlow).
+TOO_SLOW = "training too slow:"
 
 # Variables a child never gets: Airflow's own secrets and connections, the deployment's root credentials, and
 # anything whose name says it holds one (AWS_SECRET_ACCESS_KEY, *_PASSWORD, *_TOKEN, ...).

@@ -111,9 +111,10 @@ def train(settings: Settings, run_id: str, run: dict[str, Any]) -> dict[str, Any
     memory = dlrm_memory_need(paths.dataset, config)  # checked against the node before anything is launched
     if framework_of(run) == "tensorflow":
         return train_with_tf_workers(FRAMEWORKS["tensorflow"][0], paths.dataset, paths.train, config,
-                                     workers=run["nproc"], label=f"train {run_id}", memory=memory)
+                                     workers=run["nproc"], label=f"train {run_id}", memory=memory,
+                                     time_budget_s=run.get("time_budget_s", 0.0))
     return train_with_torchrun(TRAIN_MODULE, paths.dataset, paths.train, config, nproc=run["nproc"],
-                               label=f"train {run_id}", memory=memory)
+                               label=f"train {run_id}", memory=memory, time_budget_s=run.get("time_budget_s", 0.0))
 
 
 def evaluate(settings: Settings, run_id: str, run: dict[str, Any], trained: dict[str, Any] | None = None,

@@ -24,6 +24,16 @@ class TrainingTasks:
     publish: Any
 
 
+def attempts_time_left(ti: Any) -> float:
+    """Seconds a task has for its work over this attempt and the retries it has left (its execution_timeout each;
+    a retried training resumes from its checkpoint); 0 when it has no timeout."""
+    timeout = getattr(ti.task, "execution_timeout", None)
+    if not timeout:
+        return 0.0
+    attempts = max(1, int(ti.max_tries) - int(ti.try_number) + 2)  # try_number counts from 1; max_tries = retries
+    return timeout.total_seconds() * attempts
+
+
 def training_tasks(steps_module: str, *, record_failure: Callable[[dict], None],
                    params_of: Callable[[dict], dict] | None = None) -> TrainingTasks:
     """The five shared tasks of a DAG whose steps live in `steps_module`. `params_of(context)` is what resolve_run
@@ -49,9 +59,11 @@ def training_tasks(steps_module: str, *, record_failure: Callable[[dict], None],
 
     @task(**TRAIN_TASK)
     def train(run: dict, validated: dict, **context) -> dict:
-        from tasks.core.launch import ModelTooLarge
+        from tasks.core.launch import ModelTooLarge, TrainingTooSlow
 
-        return fail_without_retry(ModelTooLarge)(spec().train)(settings(), context["run_id"], run)
+        budget = {"time_budget_s": attempts_time_left(context["ti"])}  # a DLRM trainer stops early past it
+        return fail_without_retry(ModelTooLarge, TrainingTooSlow)(spec().train)(settings(), context["run_id"],
+                                                                                {**run, **budget})
 
     @task
     def evaluate(run: dict, trained: dict, **context) -> dict:

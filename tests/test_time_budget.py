@@ -1,0 +1,42 @@
+"""The training time budget: the verdict (models/common/time_budget.py), the launcher's reading of it and what a
+task's attempts have left (tasks/dagkit/training.py)."""
+from __future__ import annotations
+
+from datetime import timedelta
+from types import SimpleNamespace
+
+from models.common.time_budget import MIN_MEASURED_S, too_slow
+from tasks.core.launch import TrainingFailed, TrainingTooSlow, _training_failed
+from tasks.dagkit.training import attempts_time_left
+
+
+def test_a_run_is_stopped_only_once_its_rate_is_measured_and_its_need_exceeds_the_budget() -> None:
+    budget = 3 * 72 * 3600.0  # three attempts of a 72 h timeout
+    cpu = 4.4e9 / 4_863  # NVIDIA's window at this machine's CPU rate: ~251 h
+    assert too_slow(budget, MIN_MEASURED_S - 1, cpu, 4_863) is None  # not measured long enough yet
+    assert too_slow(0, MIN_MEASURED_S, cpu, 4_863) is None  # no budget
+    assert too_slow(budget, MIN_MEASURED_S, 4.4e9 / 5.5e6, 5.5e6) is None  # an H200: ~13 min
+    line = too_slow(budget, MIN_MEASURED_S, cpu, 4_863)
+    assert line == ("training too slow: at 4,863 samples/s this run needs ~251:24:51, more than the 216:00:00 its "
+                    "task has left over its attempts (execution_timeout x attempts): train on a GPU (device), with "
+                    "more processes (nproc), or on fewer rows (a shorter window, limit_train_batches)")
+
+
+def test_the_launcher_fails_a_too_slow_run_without_retry_and_any_other_failure_with() -> None:
+    slow = _training_failed("training worker 1 of 2 exited 1",
+                            "models.common.time_budget.TrainingTooSlowError: training too slow: at 10 samples/s ...")
+    assert isinstance(slow, TrainingTooSlow) and str(slow) == "training too slow: at 10 samples/s ..."
+    other = _training_failed("training exited 1", "RuntimeError: CUDA out of memory")
+    assert isinstance(other, TrainingFailed) and str(other) == "training exited 1: RuntimeError: CUDA out of memory"
+
+
+def test_a_task_has_its_timeout_for_this_attempt_and_each_retry_left() -> None:
+    def ti(try_number: int, max_tries: int, timeout: timedelta | None) -> SimpleNamespace:
+        return SimpleNamespace(try_number=try_number, max_tries=max_tries,
+                               task=SimpleNamespace(execution_timeout=timeout))
+
+    hours = timedelta(hours=72)
+    assert attempts_time_left(ti(1, 2, hours)) == 3 * 72 * 3600  # retries=2: this try and two more
+    assert attempts_time_left(ti(3, 2, hours)) == 72 * 3600  # the last try
+    assert attempts_time_left(ti(4, 5, hours)) == 3 * 72 * 3600  # cleared after try 3: max_tries = 3 + retries
+    assert attempts_time_left(ti(1, 2, None)) == 0
