@@ -288,7 +288,7 @@ def test_lookup_of_values_that_are_not_hex(tmp_path):
     full = pa.DictionaryArray.from_arrays(pa.array([11, None, 10, 127], pa.int8()),
                                           pa.array([f"{i:08x}" for i in range(128)]))
     assert lookup.ids(0, full).tolist() == [2, 0, 1, 0]
-    with pytest.raises(ValueError, match="cat_0: 2 values but cardinalities.json says 5"):
+    with pytest.raises(ValueError, match="cat_0: 2 values but the recorded cardinalities say 5"):
         preprocess_arrow.DictionaryLookup(tmp_path, [5] + cardinalities[1:])
 
 

@@ -6,6 +6,7 @@ from datetime import timedelta
 from types import SimpleNamespace
 
 from models.common.time_budget import MIN_MEASURED_S, too_slow
+from tasks.core.dlrm_knobs import time_budget
 from tasks.core.launch import TrainingFailed, TrainingTooSlow, _training_failed
 from tasks.dagkit.training import attempts_time_left
 
@@ -36,7 +37,17 @@ def test_a_task_has_its_timeout_for_this_attempt_and_each_retry_left() -> None:
                                task=SimpleNamespace(execution_timeout=timeout))
 
     hours = timedelta(hours=72)
-    assert attempts_time_left(ti(1, 2, hours)) == 3 * 72 * 3600  # retries=2: this try and two more
-    assert attempts_time_left(ti(3, 2, hours)) == 72 * 3600  # the last try
-    assert attempts_time_left(ti(4, 5, hours)) == 3 * 72 * 3600  # cleared after try 3: max_tries = 3 + retries
-    assert attempts_time_left(ti(1, 2, None)) == 0
+    one = 72 * 3600.0
+    assert attempts_time_left(ti(1, 2, hours)) == {"time_budget_s": 3 * one, "attempt_time_s": one}  # 2 retries
+    assert attempts_time_left(ti(3, 2, hours))["time_budget_s"] == one  # the last try
+    assert attempts_time_left(ti(4, 5, hours))["time_budget_s"] == 3 * one  # cleared after try 3: 3 + retries
+    assert attempts_time_left(ti(1, 2, None)) == {"time_budget_s": 0.0, "attempt_time_s": 0.0}
+
+
+def test_a_run_that_resumes_has_every_attempt_and_one_that_starts_over_has_one() -> None:
+    budget = {"time_budget_s": 300.0, "attempt_time_s": 100.0}
+    by_time = {"checkpoint_every_minutes": 15, "checkpoint_every_steps": 0}
+    assert time_budget({"knobs": by_time, **budget}) == 300.0
+    assert time_budget({"knobs": {"checkpoint_every_minutes": 0, "checkpoint_every_steps": 50}, **budget}) == 300.0
+    assert time_budget({"knobs": {"checkpoint_every_minutes": 0, "checkpoint_every_steps": 0}, **budget}) == 100.0
+    assert time_budget({"knobs": by_time}) == 0.0  # outside a train task: no check

@@ -430,7 +430,7 @@ def _train_epochs(run: _Run) -> ProgressMeter:
                 if run.step % cfg.log_every_steps == 0 or run.step == run.total_steps:
                     _log_interval(run, epoch, loss_sum, count, meter)
                     loss_sum, count = torch.zeros((), device=run.ctx.device), 0
-                    if cfg.time_budget_s and run.step < run.total_steps:
+                    if run.step < run.total_steps and (cfg.time_budget_s or run.ctx.is_distributed):
                         _stop_if_too_slow(run, meter, started)
                 if cfg.eval_every_steps and run.step % cfg.eval_every_steps == 0 and run.step < run.total_steps:
                     _evaluate(run)
@@ -442,9 +442,10 @@ def _train_epochs(run: _Run) -> ProgressMeter:
 
 def _stop_if_too_slow(run: _Run, meter: ProgressMeter, started: float) -> None:
     """Rank 0 compares the run's need (trained + eta at its measured rate) with cfg.time_budget_s; every rank gets
-    its verdict at the same step (models/common/time_budget.py)."""
+    its verdict at the same step (models/common/time_budget.py). Every rank of a distributed run comes here at
+    every log interval whatever its own budget: the nodes of a multi-node run may be launched with different ones."""
     reason = None
-    if run.ctx.is_main:
+    if run.ctx.is_main and run.cfg.time_budget_s:
         rate = meter.overall_samples_per_second(run.step)
         eta = (run.total_steps - run.step) * run.cfg.batch_size / max(rate, 1e-9)
         reason = too_slow(run.cfg.time_budget_s, time.perf_counter() - started, eta, rate)

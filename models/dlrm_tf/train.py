@@ -175,7 +175,7 @@ def _train_epochs(run: _Run, meter: ProgressMeter) -> bool:
             if run.step % cfg.log_every_steps == 0 or run.step == run.total_steps:
                 _log_interval(run, epoch, loss_sum, count, meter, lr)
                 loss_sum, count = tf.zeros([]), 0
-                if cfg.time_budget_s and run.step < run.total_steps:
+                if run.step < run.total_steps and (cfg.time_budget_s or run.ctx.is_distributed):
                     _stop_if_too_slow(run, meter, started)
             if cfg.stop_after_steps is not None and run.step >= cfg.stop_after_steps:
                 _save(run)
@@ -191,13 +191,14 @@ def _train_epochs(run: _Run, meter: ProgressMeter) -> bool:
 
 def _stop_if_too_slow(run: _Run, meter: ProgressMeter, started: float) -> None:
     """The chief compares the run's need (trained + eta at its measured rate) with cfg.time_budget_s; every worker
-    gets its verdict at the same step (models/common/time_budget.py)."""
+    gets its verdict at the same step (models/common/time_budget.py); every worker of a distributed run comes here
+    at every log interval whatever its own budget."""
     reason = None
-    if run.ctx.is_chief:
+    if run.ctx.is_chief and run.cfg.time_budget_s:
         rate = meter.overall_samples_per_second(run.step)
         eta = (run.total_steps - run.step) * run.cfg.batch_size / max(rate, 1e-9)
         reason = too_slow(run.cfg.time_budget_s, time.perf_counter() - started, eta, rate)
-    if sum_over_workers(run.ctx, float(reason is not None)) > 0 and reason is None:
+    if run.ctx.is_distributed and sum_over_workers(run.ctx, float(reason is not None)) > 0 and reason is None:
         reason = "training too slow: the chief's measured rate says this run cannot finish in its time budget"
     stop_if_too_slow(reason, run.ctx.is_chief)
 

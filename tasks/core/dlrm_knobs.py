@@ -102,6 +102,15 @@ def dlrm_model_config(knobs: Mapping[str, Any], model_knobs: Sequence[str], devi
     return config
 
 
+def time_budget(run: Mapping[str, Any]) -> float:
+    """The seconds a DLRM training run may take (models/common/time_budget.py): what its task's attempts have left
+    when it checkpoints periodically (a retry resumes), this attempt's alone when it does not (a retry starts over);
+    0 (no check) outside a train task."""
+    knobs = run["knobs"]
+    resumes = bool(knobs.get("checkpoint_every_minutes")) or bool(knobs.get("checkpoint_every_steps"))
+    return float(run.get("time_budget_s" if resumes else "attempt_time_s", 0.0))
+
+
 def dlrm_memory_need(dataset_dir: Path, config: Mapping[str, Any]) -> MemoryNeed:
     """The least memory a DLRM trainer needs for the dataset's FeatureSpec and a dlrm_model_config: fp32 embedding
     tables (rows capped by max_table_size; weights only, their gradients are sparse) and the bottom / top MLPs

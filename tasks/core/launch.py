@@ -448,9 +448,12 @@ def train_with_tf_workers(module: str, dataset_dir: Path, output_dir: Path, conf
         started = time.time() - 1.0
         result = run_streaming_group(children, label=label)
         if not result.ok and not _accept_abort(result.results, output_dir, TF_MODEL_FILE, started, "training"):
-            failed = result.results[result.first_failed]
-            raise _training_failed(f"training worker {first + result.first_failed} of {workers} exited "
-                                   f"{failed.returncode}", failed.last_error_line)
+            # The chief's time-budget line names the cause, whichever worker exited first.
+            index = next((i for i, r in enumerate(result.results) if TOO_SLOW in r.last_error_line),
+                         result.first_failed)
+            failed = result.results[index]
+            raise _training_failed(f"training worker {first + index} of {workers} exited {failed.returncode}",
+                                   failed.last_error_line)
         done = _record_finished_training(output_dir, module, inputs, TF_MODEL_FILE, started, nodes.multi_node)
     else:
         log.info("training in %s already finished for these inputs: nothing to do", output_dir)

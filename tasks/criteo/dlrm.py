@@ -104,7 +104,7 @@ def model_config(knobs: dict[str, Any], device: str) -> dict[str, Any]:
 def train(settings: Settings, run_id: str, run: dict[str, Any]) -> dict[str, Any]:
     """torchrun on nproc processes (PyTorch), or nproc TensorFlow workers (MultiWorkerMirroredStrategy)."""
     from tasks.core.launch import train_with_tf_workers, train_with_torchrun
-    from tasks.core.dlrm_knobs import dlrm_memory_need
+    from tasks.core.dlrm_knobs import dlrm_memory_need, time_budget
 
     paths = run_paths(settings, run_id)
     config = model_config(run["knobs"], run["device"])
@@ -112,9 +112,9 @@ def train(settings: Settings, run_id: str, run: dict[str, Any]) -> dict[str, Any
     if framework_of(run) == "tensorflow":
         return train_with_tf_workers(FRAMEWORKS["tensorflow"][0], paths.dataset, paths.train, config,
                                      workers=run["nproc"], label=f"train {run_id}", memory=memory,
-                                     time_budget_s=run.get("time_budget_s", 0.0))
+                                     time_budget_s=time_budget(run))
     return train_with_torchrun(TRAIN_MODULE, paths.dataset, paths.train, config, nproc=run["nproc"],
-                               label=f"train {run_id}", memory=memory, time_budget_s=run.get("time_budget_s", 0.0))
+                               label=f"train {run_id}", memory=memory, time_budget_s=time_budget(run))
 
 
 def evaluate(settings: Settings, run_id: str, run: dict[str, Any], trained: dict[str, Any] | None = None,

@@ -115,7 +115,11 @@ class CriteoFeatures:
             numerical[:, i] = np.nan_to_num(logged, nan=0.0).astype(np.float32).astype(np.float16)
         categorical = np.zeros((n, len(CAT_COLUMNS)), dtype=np.int64)
         for i, name in enumerate(CAT_COLUMNS):
-            categorical[:, i] = self.lookup.ids(i, pc.cast(table.column(name), pa.string()).combine_chunks())
+            # Empty (missing) -> null, as ingest stores it: no dictionary holds "", and a column with one "" would
+            # leave the int64-key path for index_in, which hashes the whole dictionary again every block.
+            column = table.column(name)
+            text = pc.if_else(pc.equal(pc.binary_length(column), 0), pa.scalar(None, pa.binary()), column)
+            categorical[:, i] = self.lookup.ids(i, pc.cast(text, pa.string()).combine_chunks())
         label = pc.cast(pc.cast(table.column(LABEL), pa.string()), pa.int8()).to_numpy(zero_copy_only=False)
         return numerical, categorical, label
 

@@ -24,14 +24,15 @@ class TrainingTasks:
     publish: Any
 
 
-def attempts_time_left(ti: Any) -> float:
-    """Seconds a task has for its work over this attempt and the retries it has left (its execution_timeout each;
-    a retried training resumes from its checkpoint); 0 when it has no timeout."""
+def attempts_time_left(ti: Any) -> dict[str, float]:
+    """Seconds a task has for its work: `time_budget_s` over this attempt and the retries it has left (its
+    execution_timeout each; what a training that resumes from its checkpoints has), `attempt_time_s` this attempt
+    alone (what one that starts over has); 0 when it has no timeout."""
     timeout = getattr(ti.task, "execution_timeout", None)
     if not timeout:
-        return 0.0
+        return {"time_budget_s": 0.0, "attempt_time_s": 0.0}
     attempts = max(1, int(ti.max_tries) - int(ti.try_number) + 2)  # try_number counts from 1; max_tries = retries
-    return timeout.total_seconds() * attempts
+    return {"time_budget_s": timeout.total_seconds() * attempts, "attempt_time_s": timeout.total_seconds()}
 
 
 def training_tasks(steps_module: str, *, record_failure: Callable[[dict], None],
@@ -61,7 +62,7 @@ def training_tasks(steps_module: str, *, record_failure: Callable[[dict], None],
     def train(run: dict, validated: dict, **context) -> dict:
         from tasks.core.launch import ModelTooLarge, TrainingTooSlow
 
-        budget = {"time_budget_s": attempts_time_left(context["ti"])}  # a DLRM trainer stops early past it
+        budget = attempts_time_left(context["ti"])  # a DLRM trainer stops early past it (dlrm_knobs.time_budget)
         return fail_without_retry(ModelTooLarge, TrainingTooSlow)(spec().train)(settings(), context["run_id"],
                                                                                 {**run, **budget})
 
