@@ -35,8 +35,8 @@ from tasks.core.config import load_settings
 from tasks.core.settings_registry import value
 from tasks.criteo.profiles import KNOBS, PROFILES
 from tasks.criteo.preprocess import ENGINE_ENV, PREPROCESS_ENGINES
-from tasks.dagkit import (DEFAULT_ARGS, SPARK_TASK, device_param, engine_param, knob_params, profile_param,
-                          reason_param, release_params, spark_master)
+from tasks.dagkit import (DEFAULT_ARGS, MODEL_TASK, SPARK_TASK, device_param, engine_param, knob_params,
+                          profile_param, reason_param, release_params, spark_master)
 from tasks.dagkit.training import training_tasks
 from tasks.release.steps import failure_callback
 from tasks.dagkit.docs import document
@@ -116,7 +116,7 @@ def criteo_dlrm():
 
         return fail_without_retry(DatasetInvalid)(check)(run_paths(load_settings(), context["run_id"]).dataset)
 
-    @task
+    @task(**MODEL_TASK)
     def export(run: dict, trained: dict, **context) -> dict:
         from tasks.criteo.dlrm import export as export_model
 

@@ -70,13 +70,13 @@ def test_pools_and_queues_route_spark_and_training(parsed, tmp_path_factory):
         for task_id, task in dag["tasks"].items():
             pool = "spark" if (dag_id, task_id) in spark else "train" if task_id == "train" else "default_pool"
             assert (task_id, task["pool"], task["queue"]) == (task_id, pool, "default")
-    # Under Celery, the queues come from the environment at parse time: training and Spark on the GPU workers.
+    # Under Celery, the queues come from the environment at parse time: training, the tasks that load its model
+    # (outside the train pool) and Spark on the GPU workers.
     gpu = _parse(tmp_path_factory, RECFLOW_TRAIN_QUEUE="gpu", RECFLOW_SPARK_QUEUE="gpu")
     queues = {(d, t): task["queue"] for d, dag in gpu["dags"].items() for t, task in dag["tasks"].items()}
-    assert {key for key, queue in queues.items() if queue == "gpu"} == spark | {("criteo_dlrm", "train"),
-                                                                                ("movielens_ncf", "train"),
-                                                                                ("outbrain_wide_deep", "train"),
-                                                                                ("byo_dlrm", "train")}
+    training = {"criteo_dlrm", "movielens_ncf", "outbrain_wide_deep", "byo_dlrm"}
+    model_tasks = {(d, t) for d in training for t in ("train", "evaluate", "gate")} | {("criteo_dlrm", "export")}
+    assert {key for key, queue in queues.items() if queue == "gpu"} == spark | model_tasks
 
 
 def test_every_dag_file_imports_without_errors(parsed):

@@ -304,6 +304,38 @@ def test_a_column_dictionary_sums_spilled_counts_and_keeps_no_null_value(tmp_pat
     assert summary == {"threshold": 2, "kept": 2, "dropped": 1, "occurrences_kept_share": 0.8}
 
 
+@pytest.mark.parametrize("values", ["hex", "any"])
+def test_a_column_split_by_value_hash_gives_the_same_dictionary(tmp_path, monkeypatch, values):
+    """A spill over GROUP_BY_ROWS is summed bucket by bucket (8-byte values hashed as keys, others by pandas): the
+    same rows and summary as one aggregation, and no bucket file left behind."""
+    rng = np.random.default_rng(7)
+    pool = ([f"{v:08x}" for v in rng.integers(0, 2**32, 300)] if values == "hex"
+            else [f"v{v}" * (1 + v % 3) for v in range(300)])
+    pieces = [pa.table({"value": [pool[i] if i % 37 else None for i in rng.integers(0, 300, 500)],
+                        "count": rng.integers(1, 4, 500)}, schema=preprocess_arrow._COUNTS_SPILL_SCHEMA)
+              for _ in range(6)]
+
+    def dictionary(directory):
+        directory.mkdir()
+        spill = directory / "column-03.arrow"
+        with pa.ipc.new_file(spill, preprocess_arrow._COUNTS_SPILL_SCHEMA) as writer:
+            for piece in pieces:
+                writer.write_table(piece)
+        result = preprocess_arrow.column_dictionary(spill, 3, threshold=8)
+        assert list(directory.iterdir()) in ([], [spill])
+        return result
+
+    whole_rows, whole_summary = dictionary(tmp_path / "whole")
+    monkeypatch.setattr(preprocess_arrow, "GROUP_BY_ROWS", 700)
+    monkeypatch.setattr(preprocess_arrow, "PARTITION_ROWS", 1000)
+    split_rows, split_summary = dictionary(tmp_path / "split")  # 3,000 counts: 8 buckets
+    assert 0 < whole_summary["kept"] and 0 < whole_summary["dropped"]
+    assert split_rows.equals(whole_rows) and split_summary == whole_summary
+    monkeypatch.setattr(preprocess_arrow, "MAX_GROUP_BY_BUCKETS", 4)
+    with pytest.raises(ValueError, match="cat_3: 3,000 spilled counts need 8 buckets of at most 700, more than 4"):
+        dictionary(tmp_path / "too_many")
+
+
 def test_log_numerical_rules():
     column = pa.array([None, -3, -2, 0, 7, 10**17], pa.int64())
     expected = [0.0, 0.0, 0.0, np.log(3.0), np.log(10.0), np.log(float(10**17 + 3))]

@@ -8,8 +8,10 @@ its eta), and stops with one line (TOO_SLOW) that the launcher turns into a fail
 """
 from __future__ import annotations
 
+import time
+
 from tasks.core.process import ERROR_MARKER, TOO_SLOW
-from tasks.core.progress import format_duration
+from tasks.core.progress import ProgressMeter, format_duration
 
 MIN_MEASURED_S = 300.0  # training seconds before the rate is trusted (start-up, warm-up, first evaluations)
 
@@ -27,14 +29,29 @@ def too_slow(budget_s: float, trained_s: float, eta_s: float, samples_per_s: flo
             "on a GPU (device), with more processes (nproc), or on fewer rows (a shorter window, limit_train_batches)")
 
 
+def measured_too_slow(budget_s: float, meter: ProgressMeter, step: int, started: float) -> str | None:
+    """`too_slow` for a training loop that started at `started` (perf_counter) and is at `step`: the rate is the
+    meter's since it started (evaluations and checkpoints included), the eta the steps left at that rate."""
+    if budget_s <= 0:
+        return None
+    rate = meter.overall_samples_per_second(step)
+    eta = (meter.total_steps - step) * meter.samples_per_step / max(rate, 1e-9)
+    return too_slow(budget_s, time.perf_counter() - started, eta, rate)
+
+
+# What a process that did not measure says when the main process's verdict reaches it only as a flag (TF's sum).
+AGREED_TOO_SLOW = f"{TOO_SLOW} the main process's measured rate says this run cannot finish in its time budget"
+
+
 class TrainingTooSlowError(RuntimeError):
     """Raised on every process of a run that `too_slow` stopped (the main process has printed the line)."""
 
 
-def stop_if_too_slow(reason: str | None, is_main: bool) -> None:
-    """The agreed verdict of every process: the main process prints the line for the launcher, every process stops."""
+def stop_if_too_slow(reason: str | None, prints: bool) -> None:
+    """The agreed verdict of every process: each process that `prints` writes the line for its node's launcher
+    (the first process of each node: every node's launcher fails without retry), every process stops."""
     if reason is None:
         return
-    if is_main:
+    if prints:
         print(f"{ERROR_MARKER} {reason}", flush=True)
     raise TrainingTooSlowError(reason)

@@ -24,7 +24,7 @@ from typing import Any
 import torch
 
 from models.common.checkpoint_clock import CheckpointClock
-from models.common.time_budget import stop_if_too_slow, too_slow
+from models.common.time_budget import measured_too_slow, stop_if_too_slow
 from models.torchkit.checkpoint import (CheckpointError, capture_rng_state, device_fingerprint, latest_checkpoint,
                                       link_checkpoint, load_checkpoint, restore_rng_state, save_checkpoint,
                                       state_checksum)
@@ -444,12 +444,8 @@ def _stop_if_too_slow(run: _Run, meter: ProgressMeter, started: float) -> None:
     """Rank 0 compares the run's need (trained + eta at its measured rate) with cfg.time_budget_s; every rank gets
     its verdict at the same step (models/common/time_budget.py). Every rank of a distributed run comes here at
     every log interval whatever its own budget: the nodes of a multi-node run may be launched with different ones."""
-    reason = None
-    if run.ctx.is_main and run.cfg.time_budget_s:
-        rate = meter.overall_samples_per_second(run.step)
-        eta = (run.total_steps - run.step) * run.cfg.batch_size / max(rate, 1e-9)
-        reason = too_slow(run.cfg.time_budget_s, time.perf_counter() - started, eta, rate)
-    stop_if_too_slow(broadcast_from_main(run.ctx, reason), run.ctx.is_main)
+    reason = measured_too_slow(run.cfg.time_budget_s, meter, run.step, started) if run.ctx.is_main else None
+    stop_if_too_slow(broadcast_from_main(run.ctx, reason), prints=run.ctx.local_rank == 0)
 
 
 def _finish(run: _Run, resumed: int | None, meter: ProgressMeter) -> TrainResult:

@@ -35,7 +35,7 @@ from models.dlrm_tf.evaluate import hide_gpus, make_predictor, predict_mapping, 
 from models.dlrm_tf.model import DlrmTf, DlrmTfModelConfig, build_model
 from models.dlrm_tf.steps import make_host_table_sync, make_train_step
 from models.common.checkpoint_clock import CheckpointClock
-from models.common.time_budget import stop_if_too_slow, too_slow
+from models.common.time_budget import AGREED_TOO_SLOW, measured_too_slow, stop_if_too_slow
 from models.tfkit.cluster import WorkerContext, barrier, start_worker, sum_over_workers
 from models.tfkit.precision import precision_policy, wrap_optimizer
 from models.tfkit.run_state import RunState, TrainResult, check_run_arguments, write_final_outputs
@@ -193,14 +193,10 @@ def _stop_if_too_slow(run: _Run, meter: ProgressMeter, started: float) -> None:
     """The chief compares the run's need (trained + eta at its measured rate) with cfg.time_budget_s; every worker
     gets its verdict at the same step (models/common/time_budget.py); every worker of a distributed run comes here
     at every log interval whatever its own budget."""
-    reason = None
-    if run.ctx.is_chief and run.cfg.time_budget_s:
-        rate = meter.overall_samples_per_second(run.step)
-        eta = (run.total_steps - run.step) * run.cfg.batch_size / max(rate, 1e-9)
-        reason = too_slow(run.cfg.time_budget_s, time.perf_counter() - started, eta, rate)
+    reason = measured_too_slow(run.cfg.time_budget_s, meter, run.step, started) if run.ctx.is_chief else None
     if run.ctx.is_distributed and sum_over_workers(run.ctx, float(reason is not None)) > 0 and reason is None:
-        reason = "training too slow: the chief's measured rate says this run cannot finish in its time budget"
-    stop_if_too_slow(reason, run.ctx.is_chief)
+        reason = AGREED_TOO_SLOW
+    stop_if_too_slow(reason, prints=True)  # a TF launcher reads every worker's line: it takes the chief's when it can
 
 
 def _finish(run: _Run, resumed: int | None, meter: ProgressMeter) -> TrainResult:

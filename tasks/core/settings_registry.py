@@ -202,7 +202,8 @@ declare(
        "machine: the driver runs every task); the largest snapshots need more than 2g (docs/PERFORMANCE-scale.md)"),
     _S("RECFLOW_TASK_RETRIES", "int", "2", "Airflow retries of every task", parse_time=True),
     _S("RECFLOW_RETRY_DELAY_S", "seconds", "30", "first retry delay (doubling, at most 10 min)", parse_time=True),
-    _S("RECFLOW_TRAIN_QUEUE", "str", "", "Celery queue of the training tasks (`gpu`: the GPU workers)",
+    _S("RECFLOW_TRAIN_QUEUE", "str", "", "Celery queue of the training tasks and those that load their model "
+       "(evaluate, gate, export; `gpu`: the GPU workers)",
        default_note="Airflow's default queue", parse_time=True),
     _S("RECFLOW_SPARK_QUEUE", "str", "", "Celery queue of the Spark tasks (`gpu`: the RAPIDS workers)",
        default_note="Airflow's default queue", parse_time=True),

@@ -10,7 +10,8 @@ anyway; these functions do the same work in-process (docs/preprocess_arrow.md ha
 
 Dictionary. The window's counts are read batch by batch and split by column into Arrow IPC spill files inside the
 output's temporary directory; then one column at a time is summed (group_by), thresholded and numbered by (count
-desc, value asc) -- Arrow sorts strings bytewise, as Spark does. Memory: one batch, then the largest column.
+desc, value asc) -- Arrow sorts strings bytewise, as Spark does. Memory: one batch, then one column's hash aggregation
+of at most GROUP_BY_ROWS spilled counts (a larger column is split by value hash first) and its kept values.
 
 Transform. The same rules as the Spark job (ids, 0 for missing/rare/unseen; log(x + 3) -> float32, 0 for missing and
 x + 3 <= 0; dense row_order per day; train ordered by (xxhash64(seed, source, row_order), source, row_order); test
@@ -78,6 +79,10 @@ DICTIONARY_FILE = "part-00000.parquet"
 DICTIONARY_SCHEMA = pa.schema([pa.field("column", pa.int32()), pa.field("value", pa.string()),
                                pa.field("id", pa.int32(), nullable=False), pa.field("count", pa.int64())])
 _COUNTS_SPILL_SCHEMA = pa.schema([pa.field("value", pa.string()), pa.field("count", pa.int64())])
+GROUP_BY_ROWS = 1 << 25       # spilled counts summed in one hash aggregation (~1-2 GB); more are split by value hash
+MAX_GROUP_BY_BUCKETS = 512    # open IPC writers while a column's spill is split (~16B counts of one column)
+PARTITION_ROWS = 1 << 22      # spilled counts read at a time while splitting
+_HASH_MULTIPLIER = np.uint64(0x9E3779B97F4A7C15)  # Fibonacci hashing: the key's bits spread over the top bits
 
 
 # ---- the train shuffle's key: Spark's xxhash64 (tasks/core/xxhash.py) -------------------------------------------
@@ -126,29 +131,109 @@ def spill_counts_by_column(counts_dirs: Sequence[str], spill: Path) -> list[Path
     return paths
 
 
-def column_dictionary(path: Path | None, index: int, threshold: int) -> tuple[pa.Table, dict[str, float | int]]:
-    """One column's dictionary rows (ids by count desc, value asc) and its summary, from its spilled counts."""
-    if path is None:
-        return DICTIONARY_SCHEMA.empty_table(), {"threshold": threshold, "kept": 0, "dropped": 0,
-                                                 "occurrences_kept_share": 1.0}
+def _record_batches(reader: pa.ipc.RecordBatchFileReader) -> Iterator[pa.RecordBatch]:
+    for i in range(reader.num_record_batches):
+        yield reader.get_batch(i)
+
+
+def _value_buckets(values: pa.Array, bits: int) -> np.ndarray:
+    """A bucket in 0..2**bits - 1 for each value, equal for equal values (nulls: bucket 0). An 8-byte value (every
+    real Criteo value) is hashed as its int64 key; any other value by pandas' hash of the string."""
+    keys = eight_byte_keys(values)
+    if keys is None:
+        import pandas as pd
+
+        hashed = pd.util.hash_array(values.to_numpy(zero_copy_only=False).astype(object))
+    else:
+        valid, key_values = keys
+        hashed = np.zeros(len(values), dtype=np.uint64)
+        hashed[valid] = key_values.view(np.uint64) * _HASH_MULTIPLIER
+    return (hashed >> np.uint64(64 - bits)).astype(np.int64)
+
+
+def _split_by_value(path: Path, buckets: int) -> list[Path]:
+    """The spill at `path` rewritten as `buckets` IPC files, a value's rows all in one (read PARTITION_ROWS at a
+    time); the spill is removed. Files, by bucket."""
+    paths = [path.with_name(f"{path.stem}-{b:04d}.arrow") for b in range(buckets)]
+    writers = [pa.ipc.new_file(p, _COUNTS_SPILL_SCHEMA) for p in paths]
+    bits = buckets.bit_length() - 1
+
+    def flush(batches: list[pa.RecordBatch]) -> None:
+        table = pa.Table.from_batches(batches, _COUNTS_SPILL_SCHEMA).combine_chunks()
+        bucket = _value_buckets(table.column("value").chunk(0) if table.num_rows else pa.array([], pa.string()), bits)
+        order = np.argsort(bucket, kind="stable")
+        bounds = np.searchsorted(bucket[order], np.arange(buckets + 1))
+        table = table.take(order)
+        for b in np.flatnonzero(np.diff(bounds)):
+            writers[b].write_table(table.slice(bounds[b], bounds[b + 1] - bounds[b]))
+
+    try:
+        with pa.memory_map(str(path)) as source:
+            pending: list[pa.RecordBatch] = []
+            held = 0
+            for batch in _record_batches(pa.ipc.open_file(source)):
+                pending.append(batch)
+                held += batch.num_rows
+                if held >= PARTITION_ROWS:
+                    flush(pending)
+                    pending, held = [], 0
+            if pending:
+                flush(pending)
+    finally:
+        for writer in writers:
+            writer.close()
+    path.unlink()
+    return paths
+
+
+def _summed_counts(path: Path) -> pa.Table:
+    """(value, count) summed over the spill at `path`, null value dropped."""
     with pa.memory_map(str(path)) as source:
         counts = pa.ipc.open_file(source).read_all()
     # Summed as spilled (both engines' counts hold no null value; a null group, if any, is dropped after): a filter
-    # first would copy the whole spill, ~1B rows for the widest column over NVIDIA's 24 days.
+    # first would copy the whole spill.
     summed = counts.group_by("value").aggregate([("count", "sum")])
     summed = summed.rename_columns(["value", "count"] if summed.column_names[0] == "value" else ["count", "value"])
     if summed.column("value").null_count:
         summed = summed.filter(pc.is_valid(summed.column("value")))
-    total = summed.column("count").to_numpy()
-    kept_mask = total >= threshold
-    kept = summed.filter(pa.array(kept_mask)).select(["value", "count"])
+    return summed.select(["value", "count"])
+
+
+def column_dictionary(path: Path | None, index: int, threshold: int) -> tuple[pa.Table, dict[str, float | int]]:
+    """One column's dictionary rows (ids by count desc, value asc) and its summary, from its spilled counts.
+
+    A spill of more than GROUP_BY_ROWS rows (the widest column over NVIDIA's 24 days spills ~1B, ~290M of them
+    distinct) is first split by a hash of the value into as many buckets as keep each under GROUP_BY_ROWS, and
+    summed one bucket at a time: memory is one bucket's hash table and the kept values, not every distinct value."""
+    if path is None:
+        return DICTIONARY_SCHEMA.empty_table(), {"threshold": threshold, "kept": 0, "dropped": 0,
+                                                 "occurrences_kept_share": 1.0}
+    with pa.memory_map(str(path)) as source:
+        spilled = sum(batch.num_rows for batch in _record_batches(pa.ipc.open_file(source)))
+    buckets = 1 << max(0, math.ceil(math.log2(max(spilled, 1) / GROUP_BY_ROWS)))
+    if buckets > MAX_GROUP_BY_BUCKETS:
+        raise ValueError(f"{CAT_COLUMNS[index]}: {spilled:,} spilled counts need {buckets} buckets of at most "
+                         f"{GROUP_BY_ROWS:,}, more than {MAX_GROUP_BY_BUCKETS}")
+    parts = [path] if buckets == 1 else _split_by_value(path, buckets)
+    kept_parts: list[pa.Table] = []
+    distinct = occurrences = kept_occurrences = 0
+    for part in parts:
+        summed = _summed_counts(part)
+        total = summed.column("count").to_numpy()
+        kept_mask = total >= threshold
+        kept_parts.append(summed.filter(pa.array(kept_mask)))
+        distinct += len(total)
+        occurrences += int(total.sum())
+        kept_occurrences += int(total[kept_mask].sum())
+        if part is not path:
+            part.unlink()
+    kept = pa.concat_tables(kept_parts).combine_chunks() if kept_parts else _COUNTS_SPILL_SCHEMA.empty_table()
     kept = kept.take(pc.sort_indices(kept, sort_keys=[("count", "descending"), ("value", "ascending")]))
     n = kept.num_rows
     rows = pa.Table.from_arrays([pa.array(np.full(n, index, dtype=np.int32)), kept.column("value"),
                                  pa.array(np.arange(1, n + 1, dtype=np.int32)), kept.column("count")],
                                 schema=DICTIONARY_SCHEMA)
-    occurrences, kept_occurrences = int(total.sum()), int(total[kept_mask].sum())
-    summary = {"threshold": threshold, "kept": n, "dropped": len(total) - n,
+    summary = {"threshold": threshold, "kept": n, "dropped": distinct - n,
                "occurrences_kept_share": round(kept_occurrences / occurrences, 6) if occurrences else 1.0}
     return rows, summary
 

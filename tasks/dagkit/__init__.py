@@ -21,8 +21,9 @@ TRAIN_POOL = "train"
 
 def _queue(variable: str) -> dict[str, str]:
     """A task's Celery queue from the environment at parse time ({} = Airflow's [operators] default_queue).
-    LocalExecutor ignores queues; under CeleryExecutor, RECFLOW_TRAIN_QUEUE=gpu sends training to the GPU
-    workers (docker-compose.yml's `gpu` profile) and RECFLOW_SPARK_QUEUE=gpu the Spark jobs (RAPIDS profile)."""
+    LocalExecutor ignores queues; under CeleryExecutor, RECFLOW_TRAIN_QUEUE=gpu sends training (and the tasks
+    that load its model) to the GPU workers (docker-compose.yml's `gpu` profile) and RECFLOW_SPARK_QUEUE=gpu the
+    Spark jobs (RAPIDS profile)."""
     queue = value(variable).strip()
     return {"queue": queue} if queue else {}
 
@@ -40,6 +41,10 @@ SPARK_TASK: dict[str, Any] = {"pool": SPARK_POOL, **_queue("RECFLOW_SPARK_QUEUE"
                               **_timeout(_LIMITS.spark_task_timeout_s)}
 TRAIN_TASK: dict[str, Any] = {"pool": TRAIN_POOL, **_queue("RECFLOW_TRAIN_QUEUE"),
                               **_timeout(_LIMITS.train_task_timeout_s)}
+# The tasks that load a trained model (evaluate, the gate's production score, export): on the training queue, where
+# the model fits (a full-size DLRM holds ~16 GB of tables; a GPU worker scores the test rows on its GPU), outside the
+# train pool (they hold no training slot) and with the light tasks' timeout.
+MODEL_TASK: dict[str, Any] = _queue("RECFLOW_TRAIN_QUEUE")
 DOWNLOAD_TASK: dict[str, Any] = _timeout(_LIMITS.download_task_timeout_s)
 
 DEFAULT_ARGS: dict[str, Any] = {

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from tasks.dagkit import TRAIN_TASK, fail_without_retry, spark_master
+from tasks.dagkit import MODEL_TASK, TRAIN_TASK, fail_without_retry, spark_master
 
 
 @dataclass(frozen=True)
@@ -66,11 +66,11 @@ def training_tasks(steps_module: str, *, record_failure: Callable[[dict], None],
         return fail_without_retry(ModelTooLarge, TrainingTooSlow)(spec().train)(settings(), context["run_id"],
                                                                                 {**run, **budget})
 
-    @task
+    @task(**MODEL_TASK)
     def evaluate(run: dict, trained: dict, **context) -> dict:
         return spec().evaluate(settings(), context["run_id"], run, trained)
 
-    @task.short_circuit(ignore_downstream_trigger_rules=False, on_failure_callback=record_failure)
+    @task.short_circuit(**MODEL_TASK, ignore_downstream_trigger_rules=False, on_failure_callback=record_failure)
     def gate(run: dict, metrics: dict, **context) -> bool:
         params = context["params"]
         return spec().gate(settings(), context["run_id"], metrics, run, model_name=params["model_name"],
