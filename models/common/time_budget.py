@@ -44,7 +44,7 @@ AGREED_TOO_SLOW = f"{TOO_SLOW} the main process's measured rate says this run ca
 
 
 class TrainingTooSlowError(RuntimeError):
-    """Raised on every process of a run that `too_slow` stopped (the main process has printed the line)."""
+    """Raised on every process of a run that `too_slow` stopped (after the line was printed: stop_if_too_slow)."""
 
 
 def stop_if_too_slow(reason: str | None, prints: bool) -> None:

@@ -98,10 +98,41 @@ def _has_gpu() -> bool:
     return gpus.is_dir() and any(gpus.iterdir())
 
 
-def node_memory_bytes(device: str, settings: Settings | None = None) -> tuple[int | None, str]:
+def gpu_memory_bytes(nproc: int, environ: Mapping[str, str] | None = None) -> tuple[int | None, str]:
+    """(nproc x the least free memory among the first nproc GPUs this node's processes see, where that comes
+    from): nvidia-smi's memory.free, the GPUs filtered by CUDA_VISIBLE_DEVICES (indices or UUIDs); None when
+    nvidia-smi cannot tell or the node has fewer GPUs than processes (the trainer then says so itself). Every
+    process holds its own replica on its own GPU, so the least free GPU bounds them all."""
+    import shutil
+    import subprocess
+
+    environ = os.environ if environ is None else environ
+    smi = shutil.which("nvidia-smi", path=environ.get("PATH"))
+    if smi is None:
+        return None, "GPU memory (no nvidia-smi; set RECFLOW_TRAIN_MEMORY_BYTES to check it)"
+    try:
+        out = subprocess.run([smi, "--query-gpu=index,uuid,memory.free", "--format=csv,noheader,nounits"],
+                             capture_output=True, text=True, timeout=30, check=True).stdout
+        gpus = [(index.strip(), uuid.strip(), int(free) << 20)
+                for index, uuid, free in (line.split(",") for line in out.splitlines() if line.strip())]
+    except (OSError, subprocess.SubprocessError, ValueError) as exc:
+        return None, f"GPU memory (nvidia-smi failed: {str(exc)[:200]})"
+    visible = environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        wanted = [v.strip() for v in visible.split(",") if v.strip()]
+        gpus = [next((g for g in gpus if w in (g[0], g[1]) or (w.startswith("GPU-") and g[1].startswith(w))), None)
+                for w in wanted]
+        gpus = [g for g in gpus if g is not None]
+    if len(gpus) < nproc:
+        return None, f"GPU memory ({len(gpus)} GPU(s) visible for {nproc} process(es))"
+    free = min(g[2] for g in gpus[:nproc])
+    used = ", ".join(g[0] for g in gpus[:nproc])
+    return free * nproc, f"nvidia-smi memory.free: {nproc} x {_gib(free)}, the least free of GPU(s) {used}"
+
+
+def node_memory_bytes(device: str, settings: Settings | None = None, nproc: int = 1) -> tuple[int | None, str]:
     """(bytes a training node may use, where that figure comes from): RECFLOW_TRAIN_MEMORY_BYTES when set, else the
-    host's MemAvailable for CPU training; None for GPU training without the setting (device memory is not the
-    host's, and is not read here without importing torch)."""
+    GPUs' free memory for GPU training (gpu_memory_bytes), the host's MemAvailable for CPU training."""
     if settings is None:
         from tasks.core.config import load_settings
 
@@ -109,7 +140,7 @@ def node_memory_bytes(device: str, settings: Settings | None = None) -> tuple[in
     if settings.train_memory_bytes:
         return settings.train_memory_bytes, "RECFLOW_TRAIN_MEMORY_BYTES"
     if device == "cuda" or (device == "auto" and _has_gpu()):
-        return None, "GPU memory (set RECFLOW_TRAIN_MEMORY_BYTES to check it)"
+        return gpu_memory_bytes(nproc)
     try:
         with open("/proc/meminfo") as f:
             for line in f:
@@ -127,7 +158,7 @@ def check_memory(need: MemoryNeed, nproc: int, *, device: str = "cpu", nodes: No
     nnodes = nodes.nnodes if nodes is not None else 1
     needed = need.per_node(nproc, nnodes)
     if available is None:
-        available, source = node_memory_bytes(device)
+        available, source = node_memory_bytes(device, nproc=nproc)
     if available is None:
         log.info("memory preflight: %s needs at least %s on this node; not checked against %s", need.what,
                  _gib(needed), source)

@@ -137,17 +137,22 @@ def _record_batches(reader: pa.ipc.RecordBatchFileReader) -> Iterator[pa.RecordB
 
 
 def _value_buckets(values: pa.Array, bits: int) -> np.ndarray:
-    """A bucket in 0..2**bits - 1 for each value, equal for equal values (nulls: bucket 0). An 8-byte value (every
-    real Criteo value) is hashed as its int64 key; any other value by pandas' hash of the string."""
-    keys = eight_byte_keys(values)
-    if keys is None:
+    """A bucket in 0..2**bits - 1 for each value, the same for equal values whatever else their batch holds: an
+    8-byte value (every real Criteo value) is hashed as its int64 key, any other by pandas' hash of the string."""
+    lengths, valid, data = _string_parts(values)
+    eight = valid & (lengths == 8)
+    hashed = np.zeros(len(values), dtype=np.uint64)
+    if not eight.all():
         import pandas as pd
 
-        hashed = pd.util.hash_array(values.to_numpy(zero_copy_only=False).astype(object))
+        hashed[~eight] = pd.util.hash_array(values.filter(pa.array(~eight)).to_numpy(zero_copy_only=False)
+                                            .astype(object))
+    starts = (np.cumsum(lengths, dtype=np.int64) - lengths)[eight]
+    if len(starts) * 8 == len(data):  # every value 8 bytes long: their bytes in order
+        keys = data.view("<u8")
     else:
-        valid, key_values = keys
-        hashed = np.zeros(len(values), dtype=np.uint64)
-        hashed[valid] = key_values.view(np.uint64) * _HASH_MULTIPLIER
+        keys = data[starts[:, None] + np.arange(8)].reshape(-1).view("<u8")
+    hashed[eight] = keys * _HASH_MULTIPLIER
     return (hashed >> np.uint64(64 - bits)).astype(np.int64)
 
 
@@ -155,8 +160,8 @@ def _split_by_value(path: Path, buckets: int) -> list[Path]:
     """The spill at `path` rewritten as `buckets` IPC files, a value's rows all in one (read PARTITION_ROWS at a
     time); the spill is removed. Files, by bucket."""
     paths = [path.with_name(f"{path.stem}-{b:04d}.arrow") for b in range(buckets)]
-    writers = [pa.ipc.new_file(p, _COUNTS_SPILL_SCHEMA) for p in paths]
     bits = buckets.bit_length() - 1
+    writers: list[pa.ipc.RecordBatchFileWriter] = []
 
     def flush(batches: list[pa.RecordBatch]) -> None:
         table = pa.Table.from_batches(batches, _COUNTS_SPILL_SCHEMA).combine_chunks()
@@ -168,6 +173,7 @@ def _split_by_value(path: Path, buckets: int) -> list[Path]:
             writers[b].write_table(table.slice(bounds[b], bounds[b + 1] - bounds[b]))
 
     try:
+        writers.extend(pa.ipc.new_file(p, _COUNTS_SPILL_SCHEMA) for p in paths)
         with pa.memory_map(str(path)) as source:
             pending: list[pa.RecordBatch] = []
             held = 0
@@ -227,7 +233,8 @@ def column_dictionary(path: Path | None, index: int, threshold: int) -> tuple[pa
         kept_occurrences += int(total[kept_mask].sum())
         if part is not path:
             part.unlink()
-    kept = pa.concat_tables(kept_parts).combine_chunks() if kept_parts else _COUNTS_SPILL_SCHEMA.empty_table()
+    kept = pa.concat_tables(kept_parts) if kept_parts else _COUNTS_SPILL_SCHEMA.empty_table()
+    del kept_parts  # the kept values are held twice at most: as summed, and sorted
     kept = kept.take(pc.sort_indices(kept, sort_keys=[("count", "descending"), ("value", "ascending")]))
     n = kept.num_rows
     rows = pa.Table.from_arrays([pa.array(np.full(n, index, dtype=np.int32)), kept.column("value"),

@@ -17,6 +17,7 @@ import gzip
 import hashlib
 import io
 import json
+import os
 import threading
 import time
 import zipfile
@@ -433,6 +434,45 @@ def test_memory_need_counts_processes_and_sharding(tmp_path: Path) -> None:
         check_memory(need, 4, available=need.per_node(1) * 2, source="test")  # every process holds a replica
     sharded = dlrm_memory_need(dataset, {**config, "sharding": "table_wise"})
     assert sharded.sharded == 4_000_000 * dim * 4 and sharded.per_node(4) < need.per_node(4)
+
+
+def _fake_nvidia_smi(directory: Path, output: str, exit_code: int = 0) -> str:
+    """A PATH holding an `nvidia-smi` that prints `output` (this machine has no GPU: the query is what is mocked)."""
+    directory.mkdir()
+    smi = directory / "nvidia-smi"
+    smi.write_text(f"#!/bin/sh\ncat <<'EOF'\n{output}EOF\nexit {exit_code}\n")
+    smi.chmod(0o755)
+    return str(directory)
+
+
+def test_gpu_training_is_checked_against_the_least_free_gpu_it_uses(tmp_path: Path, monkeypatch) -> None:
+    from tasks.core.dlrm_knobs import dlrm_memory_need
+    from tasks.core.launch import ModelTooLarge, check_memory, gpu_memory_bytes
+    from tasks.criteo.dlrm import model_config
+    from tasks.criteo.profiles import PROFILES
+
+    path = _fake_nvidia_smi(tmp_path / "bin", "0, GPU-aaaa1111, 81000\n1, GPU-bbbb2222, 40000\n2, GPU-cccc3333, 500\n")
+    mib = 1 << 20
+    assert gpu_memory_bytes(1, {"PATH": path})[0] == 81000 * mib
+    available, source = gpu_memory_bytes(2, {"PATH": path})
+    assert available == 2 * 40000 * mib and "nvidia-smi memory.free" in source and "GPU(s) 0, 1" in source
+    assert gpu_memory_bytes(1, {"PATH": path, "CUDA_VISIBLE_DEVICES": "1"})[0] == 40000 * mib
+    assert gpu_memory_bytes(2, {"PATH": path, "CUDA_VISIBLE_DEVICES": "GPU-cccc,0"})[0] == 2 * 500 * mib
+    assert gpu_memory_bytes(4, {"PATH": path}) == (None, "GPU memory (3 GPU(s) visible for 4 process(es))")
+    broken = _fake_nvidia_smi(tmp_path / "broken", "NVIDIA-SMI has failed\n", exit_code=9)
+    assert gpu_memory_bytes(1, {"PATH": broken})[0] is None
+    assert gpu_memory_bytes(1, {"PATH": str(tmp_path / "empty")})[0] is None  # no nvidia-smi at all
+
+    # A cuda run's preflight reads them with no setting: 100M rows x 128 fit GPU 0, not a replica on GPU 1 too.
+    monkeypatch.setenv("PATH", f"{path}:{os.environ['PATH']}")
+    monkeypatch.delenv("RECFLOW_TRAIN_MEMORY_BYTES", raising=False)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    dataset = _dataset(tmp_path / "dataset", [25_000_000] * 4)
+    need = dlrm_memory_need(dataset, model_config(dict(PROFILES["demo"]), "cuda"))
+    check_memory(need, 1, device="cuda")  # GPU 0 alone: 81,000 MiB free
+    with pytest.raises(ModelTooLarge) as caught:
+        check_memory(need, 2, device="cuda")
+    _one_line(caught.value, "nvidia-smi memory.free: 2 x", "RECFLOW_TRAIN_MEMORY_BYTES")
 
 
 def test_demo_model_passes_the_preflight_against_this_machine(tmp_path: Path) -> None:
