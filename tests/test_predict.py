@@ -90,6 +90,25 @@ def test_eager_and_torchscript_scores_agree(version, tmp_path):
                                                           ).shape == (3, 1)
 
 
+def test_the_device_is_chosen_and_a_missing_gpu_is_one_line(version, tmp_path, caplog):
+    caplog.set_level("INFO", logger="tasks.criteo.predict")
+    auto = predict_file(version, CRITEO_SAMPLE, tmp_path / "auto.tsv", device="auto")  # this machine: the CPU
+    assert auto.scored == 100 and any(m.startswith("scored 100 rows of") for m in caplog.messages)
+    if not torch.cuda.is_available():
+        with pytest.raises(RuntimeError, match="device 'cuda' requested but torch sees no CUDA device"):
+            predict_file(version, CRITEO_SAMPLE, tmp_path / "cuda.tsv", device="cuda")
+        assert not (tmp_path / "cuda.tsv").exists()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("engine", ["eager", "torchscript"])
+def test_scores_on_the_gpu_equal_the_cpus(version, tmp_path, engine):
+    cpu = predict_file(version, CRITEO_SAMPLE, tmp_path / "cpu.tsv", engine=engine, device="cpu")
+    gpu = predict_file(version, CRITEO_SAMPLE, tmp_path / "gpu.tsv", engine=engine, device="cuda")
+    assert cpu.scored == gpu.scored == 100
+    np.testing.assert_allclose(np.loadtxt(tmp_path / "gpu.tsv"), np.loadtxt(tmp_path / "cpu.tsv"), atol=1e-5)
+
+
 def test_limit_rows_scores_the_first_good_rows(version, tmp_path):
     result = predict_file(version, CRITEO_SAMPLE, tmp_path / "s.tsv", limit_rows=30)
     lines = np.loadtxt(tmp_path / "s.tsv")[:, 0]

@@ -2,7 +2,7 @@
 
   python -m tasks.criteo.predict --model <store>/criteo_dlrm[/versions/<version>] --input day_23 \
       --output scores.tsv [--limit-rows N] [--bad-row-budget 0.001] [--engine eager|torchscript] \
-      [--metrics-out metrics.json]
+      [--device auto|cpu|cuda] [--metrics-out metrics.json]
 
 A published version is self-contained: the dictionary (value -> id per categorical column, parquet), the
 preprocessing parameters (preprocessing.json), the weights (model.pt) and the TorchScript export (triton/). This
@@ -12,7 +12,9 @@ log(x + 3), 0 when missing or x + 3 <= 0, rounded through float16 as split-binar
 
 Rows are checked with ingest's rules (tasks.criteo.raw_rows): a bad row is skipped and reported with its
 file/line/field/column, and the call fails with one line when bad rows exceed the bad-row budget. Streaming: one
-block of lines (64 MiB) at a time; each block's scores are written before the next is read.
+block of lines (64 MiB) at a time; each block's scores are written before the next is read, with a progress line
+(rows, rows/s, ETA when --limit-rows gives the total). The model runs on a GPU when there is one (--device auto): NVIDIA's
+MLPs and interaction (~5 MFLOP a row) ran at 22-30K rows/s on this 2-core machine, ~1 h for the gate's 89M test rows.
 
 Output: one line per good row, `<line number>\t<label>\t<probability>` (the label as the row gives it).
 """
@@ -127,16 +129,19 @@ class CriteoFeatures:
 class Scorer:
     """The published model: eager (model.pt, returns logits) or the TorchScript export (returns probabilities)."""
 
-    def __init__(self, version_dir: Path, engine: str = "eager") -> None:
-        self.engine = engine
+    def __init__(self, version_dir: Path, engine: str = "eager", device: str = "cpu") -> None:
+        """device: cpu, cuda or auto (CUDA when torch sees a GPU: models.torchkit.distributed.select_device)."""
+        from models.torchkit.distributed import select_device
+
+        self.engine, self.device = engine, select_device(device)
         if engine == "eager":
             from models.dlrm.evaluate import load_model_file
 
-            self.model, _ = load_model_file(version_dir / MODEL_FILE)
+            self.model, _ = load_model_file(version_dir / MODEL_FILE, self.device)
         elif engine == "torchscript":
             from models.dlrm.export import load_serving_model
 
-            self.model = load_serving_model(version_dir / TORCHSCRIPT_FILE)
+            self.model = load_serving_model(version_dir / TORCHSCRIPT_FILE).to(self.device)
         else:
             raise ValueError(f"unknown engine {engine!r}: expected eager or torchscript")
 
@@ -146,10 +151,10 @@ class Scorer:
 
         logits, probabilities = [], []
         for start in range(0, len(numerical), SCORE_BATCH_ROWS):
-            x = torch.from_numpy(numerical[start:start + SCORE_BATCH_ROWS])
-            c = torch.from_numpy(categorical[start:start + SCORE_BATCH_ROWS])
+            x = torch.from_numpy(numerical[start:start + SCORE_BATCH_ROWS]).to(self.device)
+            c = torch.from_numpy(categorical[start:start + SCORE_BATCH_ROWS]).to(self.device)
             with torch.inference_mode():  # not torch.set_grad_enabled(False): that would hold for the whole process
-                out = self.model(x, c)
+                out = self.model(x, c).cpu()
             if self.engine == "eager":
                 logits.append(out.float().numpy())
                 probabilities.append(torch.sigmoid(out).float().numpy())
@@ -173,14 +178,14 @@ class PredictResult:
 
 
 def iter_scored_blocks(version_dir: Path, raw: Path, *, engine: str = "eager", limit_rows: int | None = None,
-                       block_bytes: int = 64 << 20, bad_rows: list | None = None
+                       block_bytes: int = 64 << 20, bad_rows: list | None = None, device: str = "cpu"
                        ) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]]:
     """(line numbers, labels, logits, probabilities) per block of good rows, in file order; bad rows are appended
     to `bad_rows` (tasks.criteo.raw_rows.BadRow). Stops after `limit_rows` good rows."""
     from tasks.criteo.raw_rows import check_block, iter_line_blocks
 
     check_self_contained(version_dir)
-    features, scorer = CriteoFeatures(version_dir), Scorer(version_dir, engine)
+    features, scorer = CriteoFeatures(version_dir), Scorer(version_dir, engine, device)
     left = limit_rows
     for first_line, block, skipped in iter_line_blocks(raw, block_bytes):
         if bad_rows is not None:
@@ -206,20 +211,24 @@ def iter_scored_blocks(version_dir: Path, raw: Path, *, engine: str = "eager", l
 
 def predict_file(version_dir: Path, raw: Path, output: Path | None = None, *, engine: str = "eager",
                  limit_rows: int | None = None, bad_row_budget: float = 0.001, with_metrics: bool = False,
-                 block_bytes: int = 64 << 20) -> PredictResult:
+                 block_bytes: int = 64 << 20, device: str = "cpu") -> PredictResult:
     """Score the good rows of a raw Criteo file (see the module docstring); write them to `output` if given."""
     from models.common.metrics import StreamingPredictions
+    from tasks.core.progress import ProgressLog
     from tasks.core.storage import atomic_file
     from tasks.criteo.raw_validation import DataQualityError
 
+    progress = ProgressLog(f"scoring {raw.name}", total=limit_rows, logger=log, every_s=10.0)
     bad: list = []
     metrics = StreamingPredictions() if with_metrics else None
     scored = last_line = 0
     with contextlib.ExitStack() as stack:  # the output appears only complete, and only when within budget
         out = stack.enter_context(atomic_file(Path(output), "w")) if output is not None else None
         for lines, label, logits, probabilities in iter_scored_blocks(
-                version_dir, raw, engine=engine, limit_rows=limit_rows, block_bytes=block_bytes, bad_rows=bad):
+                version_dir, raw, engine=engine, limit_rows=limit_rows, block_bytes=block_bytes, bad_rows=bad,
+                device=device):
             scored += len(lines)
+            progress.report(scored)
             last_line = int(lines[-1])
             if metrics is not None:
                 metrics.add(label, logits)
@@ -254,6 +263,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--limit-rows", type=int, help="score only the first N good rows")
     parser.add_argument("--bad-row-budget", type=float, default=0.001)
     parser.add_argument("--engine", choices=("eager", "torchscript"), default="eager")
+    parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
+                        help="where the model runs (auto: a GPU when torch sees one)")
     parser.add_argument("--cache-dir", type=Path, help="where published versions are fetched (default: beside "
                                                          "the output, in .models/)")
     return parser.parse_args(argv)
@@ -269,7 +280,8 @@ def main(argv: list[str] | None = None) -> PredictResult:
 
         version_dir = fetch_model(args.model, cache)
     result = predict_file(version_dir, args.input, args.output, engine=args.engine, limit_rows=args.limit_rows,
-                          bad_row_budget=args.bad_row_budget, with_metrics=args.metrics_out is not None)
+                          bad_row_budget=args.bad_row_budget, with_metrics=args.metrics_out is not None,
+                          device=args.device)
     if args.metrics_out:
         from tasks.core.storage import write_text_atomic
 
