@@ -239,7 +239,7 @@ def evaluate(settings: Settings, run_id: str, run: dict[str, Any], trained: dict
 
     paths = run_paths(settings, run_id)
     metrics = evaluate_in_child(EVALUATE_MODULE, paths.train / "model.pt", paths.dataset, paths.evaluation,
-                                mapping=mapping, label=f"evaluate {run_id}")
+                                mapping=mapping, label=f"evaluate {run_id}", device=run["device"])
     log.info("test AUC %.4f, logloss %.4f on %d rows", metrics["auc"], metrics["logloss"], metrics["rows"])
     return {key: metrics[key] for key in ("auc", "logloss", "rows", "mapping")}
 
@@ -266,7 +266,7 @@ def score_published(settings: Settings, run_id: str, version_uri: str, run: dict
         raise FileNotFoundError(f"{version_uri} was trained on another layout ({shape[0]} numericals, "
                                 f"cardinalities {shape[1]}): it cannot score this dataset's rows")
     return evaluate_in_child(EVALUATE_MODULE, local / "model.pt", paths.dataset, paths.gate / "production",
-                             label=f"gate {run_id}")
+                             label=f"gate {run_id}", device=run["device"])
 
 
 def provenance(settings: Settings, run_id: str, run: dict[str, Any], params: dict[str, Any]) -> dict[str, Any]:

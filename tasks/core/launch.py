@@ -93,53 +93,34 @@ def _gib(n: float) -> str:
     return f"{n / (1 << 30):.1f} GiB"
 
 
-def _has_gpu() -> bool:
-    gpus = Path("/proc/driver/nvidia/gpus")
-    return gpus.is_dir() and any(gpus.iterdir())
-
-
 def gpu_memory_bytes(nproc: int, environ: Mapping[str, str] | None = None) -> tuple[int | None, str]:
-    """(nproc x the least free memory among the first nproc GPUs this node's processes see, where that comes
-    from): nvidia-smi's memory.free, the GPUs filtered by CUDA_VISIBLE_DEVICES (indices or UUIDs); None when
-    nvidia-smi cannot tell or the node has fewer GPUs than processes (the trainer then says so itself). Every
-    process holds its own replica on its own GPU, so the least free GPU bounds them all."""
-    import shutil
-    import subprocess
+    """(what nproc processes of one node can hold on its GPUs, where that comes from): process i on GPU i mod the
+    GPUs it sees (tasks.core.gpus), each GPU's memory.total shared by its processes; None and why when nvidia-smi
+    cannot tell. The total, not what is free now: another job on the GPU is a reason to wait, not to refuse."""
+    from tasks.core.gpus import per_process_memory, visible_gpus
 
-    environ = os.environ if environ is None else environ
-    smi = shutil.which("nvidia-smi", path=environ.get("PATH"))
-    if smi is None:
-        return None, "GPU memory (no nvidia-smi; set RECFLOW_TRAIN_MEMORY_BYTES to check it)"
-    try:
-        out = subprocess.run([smi, "--query-gpu=index,uuid,memory.free", "--format=csv,noheader,nounits"],
-                             capture_output=True, text=True, timeout=30, check=True).stdout
-        gpus = [(index.strip(), uuid.strip(), int(free) << 20)
-                for index, uuid, free in (line.split(",") for line in out.splitlines() if line.strip())]
-    except (OSError, subprocess.SubprocessError, ValueError) as exc:
-        return None, f"GPU memory (nvidia-smi failed: {str(exc)[:200]})"
-    visible = environ.get("CUDA_VISIBLE_DEVICES")
-    if visible is not None:
-        wanted = [v.strip() for v in visible.split(",") if v.strip()]
-        gpus = [next((g for g in gpus if w in (g[0], g[1]) or (w.startswith("GPU-") and g[1].startswith(w))), None)
-                for w in wanted]
-        gpus = [g for g in gpus if g is not None]
-    if len(gpus) < nproc:
-        return None, f"GPU memory ({len(gpus)} GPU(s) visible for {nproc} process(es))"
-    free = min(g[2] for g in gpus[:nproc])
-    used = ", ".join(g[0] for g in gpus[:nproc])
-    return free * nproc, f"nvidia-smi memory.free: {nproc} x {_gib(free)}, the least free of GPU(s) {used}"
+    view, why = visible_gpus(environ)
+    if view is None:
+        return None, f"GPU memory ({why}; set RECFLOW_TRAIN_MEMORY_BYTES to check it)"
+    each = per_process_memory(view, nproc)
+    used = view.gpus[:nproc]
+    return each * nproc, (f"nvidia-smi memory.total: {nproc} process(es) on GPU(s) "
+                          f"{', '.join(g.index for g in used)}, {_gib(each)} each; free now "
+                          f"{', '.join(_gib(g.free) for g in used)}")
 
 
 def node_memory_bytes(device: str, settings: Settings | None = None, nproc: int = 1) -> tuple[int | None, str]:
     """(bytes a training node may use, where that figure comes from): RECFLOW_TRAIN_MEMORY_BYTES when set, else the
-    GPUs' free memory for GPU training (gpu_memory_bytes), the host's MemAvailable for CPU training."""
+    GPUs' memory for GPU training (gpu_memory_bytes), the host's MemAvailable for CPU training."""
+    from tasks.core.gpus import has_gpu
+
     if settings is None:
         from tasks.core.config import load_settings
 
         settings = load_settings()
     if settings.train_memory_bytes:
         return settings.train_memory_bytes, "RECFLOW_TRAIN_MEMORY_BYTES"
-    if device == "cuda" or (device == "auto" and _has_gpu()):
+    if device == "cuda" or (device == "auto" and has_gpu()):
         return gpu_memory_bytes(nproc)
     try:
         with open("/proc/meminfo") as f:
@@ -412,11 +393,14 @@ TF_MODEL_FILE = "model.weights.h5"  # Keras weights; the trainer writes model_co
 
 def tf_worker_envs(workers: int, *, ports: list[int] | None = None, host: str = "127.0.0.1",
                    cores: int | None = None, cluster: list[str] | None = None,
-                   indices: list[int] | None = None) -> list[dict[str, str]]:
+                   indices: list[int] | None = None, devices: list[str] | None = None) -> list[dict[str, str]]:
     """One environment per local worker: TF_CONFIG naming every worker (localhost ports) and this one's index, and
     thread pools sized so workers x intra-op threads <= cores. One worker gets no TF_CONFIG (single-process
     strategy). Multi-node: `cluster` names every worker of every node (NodeLayout.tf_cluster) and `indices` the
-    positions in it of this node's `workers` workers."""
+    positions in it of this node's `workers` workers. On a node with GPUs each worker sees one, its
+    CUDA_VISIBLE_DEVICES from `devices` (worker k: entry k mod their number; default:
+    tasks.core.gpus.worker_devices): without it every worker's
+    MultiWorkerMirroredStrategy would put a replica on every GPU of the node."""
     if not 1 <= workers <= 64:
         raise ValueError(f"invalid number of TensorFlow workers: {workers}")
     cores = cores or os.cpu_count() or 1
@@ -429,10 +413,16 @@ def tf_worker_envs(workers: int, *, ports: list[int] | None = None, host: str = 
     indices = list(range(workers)) if indices is None else indices
     if len(indices) != workers or len(set(cluster)) != len(cluster) or not set(indices) <= set(range(len(cluster))):
         raise ValueError(f"workers {indices} do not fit the cluster {cluster}")
+    if devices is None:
+        from tasks.core.gpus import worker_devices
+
+        devices = worker_devices(workers)
     envs = []
-    for index in indices:
+    for local, index in enumerate(indices):
         env = _child_env(1)
         env.pop("TF_CONFIG", None)
+        if devices:
+            env["CUDA_VISIBLE_DEVICES"] = devices[local % len(devices)]
         if len(cluster) > 1:
             env["TF_CONFIG"] = json.dumps({"cluster": {"worker": cluster}, "task": {"type": "worker", "index": index}})
         env.update({"TF_NUM_INTRAOP_THREADS": str(intra), "TF_NUM_INTEROP_THREADS": str(min(2, intra)),
@@ -500,8 +490,10 @@ def run_module(module: str, args: list[str], *, label: str, what: str) -> None:
 
 
 def evaluate_in_child(module: str, model_path: Path, dataset_dir: Path, out_dir: Path, *, mapping: str = "test",
-                      label: str = "evaluate") -> dict[str, Any]:
-    """Run an evaluator module on a mapping of the dataset in a child process; returns its metrics.json."""
+                      label: str = "evaluate", device: str | None = None) -> dict[str, Any]:
+    """Run an evaluator module on a mapping of the dataset in a child process; returns its metrics.json. `device`:
+    the run's (cpu, cuda, auto), for evaluators that take --device (default: theirs)."""
     run_module(module, ["--model_path", str(model_path), "--dataset_dir", str(dataset_dir), "--mapping", mapping,
-                        "--output_dir", str(out_dir)], label=label, what="evaluation")
+                        "--output_dir", str(out_dir), *(["--device", device] if device else [])],
+               label=label, what="evaluation")
     return json.loads((out_dir / "metrics.json").read_text())

@@ -124,7 +124,7 @@ def evaluate(settings: Settings, run_id: str, run: dict[str, Any], trained: dict
     paths = run_paths(settings, run_id)
     _, module, _, weights = FRAMEWORKS[framework_of(run)]
     metrics = evaluate_in_child(module, paths.train / weights[0], paths.dataset, paths.evaluation,
-                                mapping=mapping, label=f"evaluate {run_id}")
+                                mapping=mapping, label=f"evaluate {run_id}", device=run["device"])
     log.info("test AUC %.4f, logloss %.4f on %d rows", metrics["auc"], metrics["logloss"], metrics["rows"])
     return {key: metrics[key] for key in ("auc", "logloss", "rows", "mapping")}
 
@@ -169,7 +169,7 @@ def score_published(settings: Settings, run_id: str, version_uri: str, run: dict
                               args=lambda local: ["--model-dir", str(local), "--input",
                                                   str(layout.raw_day(settings.data_root, run["test_day"])),
                                                   "--limit-rows", str(int(metrics["rows"])),
-                                                  "--bad-row-budget", "1.0"])
+                                                  "--bad-row-budget", "1.0", "--device", run["device"]])
 
 
 def provenance(settings: Settings, run_id: str, run: dict[str, Any], params: dict[str, Any]) -> dict[str, Any]:

@@ -218,7 +218,7 @@ def predict_file(version_dir: Path, raw: Path, output: Path | None = None, *, en
     from tasks.core.storage import atomic_file
     from tasks.criteo.raw_validation import DataQualityError
 
-    progress = ProgressLog(f"scoring {raw.name}", total=limit_rows, logger=log, every_s=10.0)
+    progress: ProgressLog | None = None  # started at the first block: the rate leaves out loading the model
     bad: list = []
     metrics = StreamingPredictions() if with_metrics else None
     scored = last_line = 0
@@ -227,6 +227,8 @@ def predict_file(version_dir: Path, raw: Path, output: Path | None = None, *, en
         for lines, label, logits, probabilities in iter_scored_blocks(
                 version_dir, raw, engine=engine, limit_rows=limit_rows, block_bytes=block_bytes, bad_rows=bad,
                 device=device):
+            if progress is None:
+                progress = ProgressLog(f"scoring {raw.name}", total=limit_rows, logger=log, every_s=10.0)
             scored += len(lines)
             progress.report(scored)
             last_line = int(lines[-1])

@@ -150,8 +150,10 @@ def _value_buckets(values: pa.Array, bits: int) -> np.ndarray:
     starts = (np.cumsum(lengths, dtype=np.int64) - lengths)[eight]
     if len(starts) * 8 == len(data):  # every value 8 bytes long: their bytes in order
         keys = data.view("<u8")
-    else:
-        keys = data[starts[:, None] + np.arange(8)].reshape(-1).view("<u8")
+    else:  # the 8 bytes of each 8-byte value, little-endian as the view above reads them
+        keys = np.zeros(len(starts), dtype=np.uint64)
+        for k in range(8):
+            keys |= data[starts + k].astype(np.uint64) << np.uint64(8 * k)
     hashed[eight] = keys * _HASH_MULTIPLIER
     return (hashed >> np.uint64(64 - bits)).astype(np.int64)
 

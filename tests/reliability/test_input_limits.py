@@ -445,34 +445,67 @@ def _fake_nvidia_smi(directory: Path, output: str, exit_code: int = 0) -> str:
     return str(directory)
 
 
-def test_gpu_training_is_checked_against_the_least_free_gpu_it_uses(tmp_path: Path, monkeypatch) -> None:
+def test_gpu_training_is_checked_against_the_gpus_its_processes_get(tmp_path: Path, monkeypatch) -> None:
+    """Process i of a node trains on GPU i mod the GPUs it sees (torchrun's ranks; TF workers get one each), so
+    each GPU's memory.total is shared by its processes; what is free now is logged, not refused on."""
     from tasks.core.dlrm_knobs import dlrm_memory_need
     from tasks.core.launch import ModelTooLarge, check_memory, gpu_memory_bytes
     from tasks.criteo.dlrm import model_config
     from tasks.criteo.profiles import PROFILES
 
-    path = _fake_nvidia_smi(tmp_path / "bin", "0, GPU-aaaa1111, 81000\n1, GPU-bbbb2222, 40000\n2, GPU-cccc3333, 500\n")
     mib = 1 << 20
-    assert gpu_memory_bytes(1, {"PATH": path})[0] == 81000 * mib
-    available, source = gpu_memory_bytes(2, {"PATH": path})
-    assert available == 2 * 40000 * mib and "nvidia-smi memory.free" in source and "GPU(s) 0, 1" in source
-    assert gpu_memory_bytes(1, {"PATH": path, "CUDA_VISIBLE_DEVICES": "1"})[0] == 40000 * mib
-    assert gpu_memory_bytes(2, {"PATH": path, "CUDA_VISIBLE_DEVICES": "GPU-cccc,0"})[0] == 2 * 500 * mib
-    assert gpu_memory_bytes(4, {"PATH": path}) == (None, "GPU memory (3 GPU(s) visible for 4 process(es))")
-    broken = _fake_nvidia_smi(tmp_path / "broken", "NVIDIA-SMI has failed\n", exit_code=9)
-    assert gpu_memory_bytes(1, {"PATH": broken})[0] is None
-    assert gpu_memory_bytes(1, {"PATH": str(tmp_path / "empty")})[0] is None  # no nvidia-smi at all
+    path = _fake_nvidia_smi(tmp_path / "bin", "0, GPU-aaaa1111, 81559, 81000, Disabled\n"
+                                              "1, GPU-bbbb2222, 40960, 100, Disabled\n"
+                                              "2, GPU-cccc3333, 81559, 500, [N/A]\n")
+    pci = {"PATH": path, "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
+    assert gpu_memory_bytes(1, pci)[0] == 81559 * mib
+    available, source = gpu_memory_bytes(2, pci)
+    assert available == 2 * 40960 * mib and "on GPU(s) 0, 1, 40.0 GiB each; free now 79.1 GiB, 0.1 GiB" in source
+    assert gpu_memory_bytes(4, pci)[0] == 4 * (81559 * mib // 2)  # GPU 0 holds processes 0 and 3
+    assert gpu_memory_bytes(1, {**pci, "CUDA_VISIBLE_DEVICES": "1"})[0] == 40960 * mib
+    assert gpu_memory_bytes(2, {**pci, "CUDA_VISIBLE_DEVICES": "GPU-cccc,0"})[0] == 2 * 81559 * mib
+    # CUDA reads CUDA_VISIBLE_DEVICES up to its first entry that names no GPU: "0,-1,1" is GPU 0 alone
+    assert gpu_memory_bytes(2, {**pci, "CUDA_VISIBLE_DEVICES": "0,-1,1"})[0] == 2 * (81559 * mib // 2)
+    # Unlike GPUs in CUDA's default (fastest first) order: index 0 may be the small one, so the smallest counts
+    assert gpu_memory_bytes(1, {"PATH": path})[0] == 40960 * mib
+    assert gpu_memory_bytes(1, {"PATH": path, "CUDA_VISIBLE_DEVICES": "GPU-aaaa1111"})[0] == 81559 * mib
+    for environ, why in [({**pci, "CUDA_VISIBLE_DEVICES": ""}, "no GPU visible"),
+                         ({**pci, "CUDA_VISIBLE_DEVICES": "MIG-1234"}, "MIG instances"),
+                         ({"PATH": _fake_nvidia_smi(tmp_path / "mig", "0, GPU-a, 81559, 81000, Enabled\n")},
+                          "MIG instances"),
+                         ({"PATH": _fake_nvidia_smi(tmp_path / "broken", "NVIDIA-SMI has failed\n", exit_code=9)},
+                          "nvidia-smi exited 9: NVIDIA-SMI has failed"),
+                         ({"PATH": _fake_nvidia_smi(tmp_path / "na", "0, GPU-a, [N/A], [N/A], Disabled\n")},
+                          "nvidia-smi answered"),
+                         ({"PATH": str(tmp_path / "empty")}, "no nvidia-smi")]:
+        available, source = gpu_memory_bytes(1, environ)
+        assert available is None and why in source and "set RECFLOW_TRAIN_MEMORY_BYTES" in source, source
 
     # A cuda run's preflight reads them with no setting: 100M rows x 128 fit GPU 0, not a replica on GPU 1 too.
     monkeypatch.setenv("PATH", f"{path}:{os.environ['PATH']}")
+    monkeypatch.setenv("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
     monkeypatch.delenv("RECFLOW_TRAIN_MEMORY_BYTES", raising=False)
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     dataset = _dataset(tmp_path / "dataset", [25_000_000] * 4)
     need = dlrm_memory_need(dataset, model_config(dict(PROFILES["demo"]), "cuda"))
-    check_memory(need, 1, device="cuda")  # GPU 0 alone: 81,000 MiB free
+    check_memory(need, 1, device="cuda")  # GPU 0: 81,559 MiB, though little of GPU 1 is free now
     with pytest.raises(ModelTooLarge) as caught:
         check_memory(need, 2, device="cuda")
-    _one_line(caught.value, "nvidia-smi memory.free: 2 x", "RECFLOW_TRAIN_MEMORY_BYTES")
+    _one_line(caught.value, "nvidia-smi memory.total: 2 process(es) on GPU(s) 0, 1", "RECFLOW_TRAIN_MEMORY_BYTES")
+
+
+def test_tensorflow_workers_get_one_gpu_each(monkeypatch) -> None:
+    from tasks.core import gpus
+    from tasks.core.launch import tf_worker_envs
+
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    assert gpus.worker_devices(2) is None or gpus.has_gpu()  # this machine: no GPU, nothing set
+    envs = tf_worker_envs(3, ports=[4001, 4002, 4003], cores=6, devices=["0", "1"])
+    assert [env["CUDA_VISIBLE_DEVICES"] for env in envs] == ["0", "1", "0"]
+    assert gpus.worker_devices(3, {"CUDA_VISIBLE_DEVICES": "GPU-b, 3"}) == ["GPU-b", "3", "GPU-b"]
+    assert gpus.worker_devices(2, {"CUDA_VISIBLE_DEVICES": "-1"}) is None
+    monkeypatch.setattr(gpus, "_PROC_GPUS", Path("/nonexistent"))
+    assert gpus.worker_devices(2, {}) is None and "CUDA_VISIBLE_DEVICES" not in tf_worker_envs(2, cores=2)[0]
 
 
 def test_demo_model_passes_the_preflight_against_this_machine(tmp_path: Path) -> None:

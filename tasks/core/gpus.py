@@ -1,0 +1,129 @@
+"""This node's GPUs as a training job's processes will see them, read with nvidia-smi (no torch or TensorFlow import):
+what the launcher's memory preflight compares a model with (tasks.core.launch.check_memory), and the one GPU each
+local TensorFlow worker gets (`worker_devices`), as torchrun's ranks each take one (models.torchkit.distributed).
+
+CUDA numbers GPUs fastest first unless CUDA_DEVICE_ORDER=PCI_BUS_ID, and nvidia-smi by PCI bus, so an index in
+CUDA_VISIBLE_DEVICES names the same GPU for both only in PCI order; a UUID always does. Where the mapping is not
+certain and the GPUs differ, the smallest of them is assumed for every process (`GpuView.certain`).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+QUERY_TIMEOUT_S = 30.0
+_PROC_GPUS = Path("/proc/driver/nvidia/gpus")
+
+
+@dataclass(frozen=True)
+class Gpu:
+    index: str  # nvidia-smi's (PCI bus order)
+    uuid: str
+    total: int  # bytes
+    free: int
+
+
+@dataclass(frozen=True)
+class GpuView:
+    gpus: list[Gpu]  # the GPUs the processes see, in CUDA's numbering where `certain`
+    certain: bool    # False: the order may differ from CUDA's (index entries, fastest-first order, unlike GPUs)
+
+
+def has_gpu() -> bool:
+    """The NVIDIA driver lists a GPU on this node (no CUDA library loaded)."""
+    return _PROC_GPUS.is_dir() and any(_PROC_GPUS.iterdir())
+
+
+def query_gpus(environ: Mapping[str, str]) -> tuple[list[Gpu] | None, str]:
+    """(every GPU nvidia-smi lists, in its order; or None and why). A hung nvidia-smi (a faulted driver) is left
+    behind after QUERY_TIMEOUT_S: the task does not wait for it."""
+    smi = shutil.which("nvidia-smi", path=environ.get("PATH"))
+    if smi is None:
+        return None, "no nvidia-smi"
+    try:
+        child = subprocess.Popen([smi, "--query-gpu=index,uuid,memory.total,memory.free,mig.mode.current",
+                                  "--format=csv,noheader,nounits"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                 text=True)
+    except OSError as exc:
+        return None, f"nvidia-smi failed: {exc}"
+    try:
+        out, err = child.communicate(timeout=QUERY_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        child.kill()
+        return None, f"nvidia-smi did not answer in {QUERY_TIMEOUT_S:.0f} s"
+    if child.returncode != 0:
+        return None, f"nvidia-smi exited {child.returncode}: {(err or out).strip()[:200]}"
+    gpus, mig = [], False
+    try:
+        for line in out.splitlines():
+            if not line.strip():
+                continue
+            index, uuid, total, free, mig_mode = (part.strip() for part in line.split(","))
+            mig = mig or mig_mode == "Enabled"
+            gpus.append(Gpu(index, uuid, int(total) << 20, int(free) << 20))
+    except ValueError:
+        return None, f"nvidia-smi answered {out.strip()[:200]!r}"
+    if mig:
+        return None, "MIG instances (nvidia-smi reports whole GPUs)"
+    return gpus, "nvidia-smi"
+
+
+def visible_gpus(environ: Mapping[str, str] | None = None) -> tuple[GpuView | None, str]:
+    """The GPUs a process started with `environ` sees (CUDA_VISIBLE_DEVICES: indices or UUIDs, as CUDA reads it,
+    up to its first entry that names no GPU); None and why when they cannot be told."""
+    environ = os.environ if environ is None else environ
+    listed, why = query_gpus(environ)
+    if listed is None:
+        return None, why
+    pci_order = environ.get("CUDA_DEVICE_ORDER", "") == "PCI_BUS_ID"
+    alike = len({g.total for g in listed}) <= 1
+    visible = environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is None:
+        chosen, by_index = listed, True
+    else:
+        chosen, by_index = [], False
+        for entry in (e.strip() for e in visible.split(",")):
+            if entry.startswith("MIG-"):
+                return None, "MIG instances (nvidia-smi reports whole GPUs)"
+            if entry.startswith("GPU-"):
+                matches = [g for g in listed if g.uuid.startswith(entry)]
+            else:
+                matches = [g for g in listed if g.index == entry]
+                by_index = True
+            if len(matches) != 1 or matches[0] in chosen:
+                break  # CUDA ignores this entry and every one after it
+            chosen.append(matches[0])
+    if not chosen:
+        return None, "no GPU visible to the processes"
+    return GpuView(chosen, certain=alike or pci_order or not by_index), "nvidia-smi"
+
+
+def per_process_memory(view: GpuView, nproc: int) -> int:
+    """Bytes each of `nproc` processes can hold when process i uses GPU i mod (GPUs seen), as torchrun's ranks and
+    the TensorFlow workers do: a GPU shared by k processes gives each 1/k of its memory."""
+    shares = [len(range(j, nproc, len(view.gpus))) for j in range(len(view.gpus))]
+    if view.certain:
+        return min(gpu.total // share for gpu, share in zip(view.gpus, shares) if share)
+    return min(gpu.total for gpu in view.gpus) // max(shares)
+
+
+def worker_devices(workers: int, environ: Mapping[str, str] | None = None) -> list[str] | None:
+    """CUDA_VISIBLE_DEVICES for each of `workers` local processes, worker k getting the k-th GPU (mod the GPUs
+    seen) of this node; None on a node without a GPU. Made from the parent's CUDA_VISIBLE_DEVICES entries, or
+    CUDA's own indices, so each worker's single GPU is numbered as CUDA numbers it."""
+    environ = os.environ if environ is None else environ
+    visible = environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        entries = [e.strip() for e in visible.split(",") if e.strip()]
+    elif has_gpu():
+        entries = [str(i) for i in range(sum(1 for _ in _PROC_GPUS.iterdir()))]
+    else:
+        return None
+    if not entries or entries[0] == "-1":
+        return None
+    return [entries[k % len(entries)] for k in range(workers)]
