@@ -25,13 +25,14 @@ class Gpu:
     index: str  # nvidia-smi's (PCI bus order)
     uuid: str
     total: int  # bytes
-    free: int
+    free: int | None  # bytes free now (None: nvidia-smi does not say)
 
 
 @dataclass(frozen=True)
 class GpuView:
     gpus: list[Gpu]  # the GPUs the processes see, in CUDA's numbering where `certain`
     certain: bool    # False: the order may differ from CUDA's (index entries, fastest-first order, unlike GPUs)
+    smallest: int    # memory.total of the node's smallest GPU: what any index entry may name when not certain
 
 
 def has_gpu() -> bool:
@@ -54,7 +55,10 @@ def query_gpus(environ: Mapping[str, str]) -> tuple[list[Gpu] | None, str]:
     try:
         out, err = child.communicate(timeout=QUERY_TIMEOUT_S)
     except subprocess.TimeoutExpired:
-        child.kill()
+        child.kill()  # not waited for: a process stuck in the driver may never be reaped
+        for pipe in (child.stdout, child.stderr):
+            if pipe is not None:
+                pipe.close()
         return None, f"nvidia-smi did not answer in {QUERY_TIMEOUT_S:.0f} s"
     if child.returncode != 0:
         return None, f"nvidia-smi exited {child.returncode}: {(err or out).strip()[:200]}"
@@ -65,7 +69,7 @@ def query_gpus(environ: Mapping[str, str]) -> tuple[list[Gpu] | None, str]:
                 continue
             index, uuid, total, free, mig_mode = (part.strip() for part in line.split(","))
             mig = mig or mig_mode == "Enabled"
-            gpus.append(Gpu(index, uuid, int(total) << 20, int(free) << 20))
+            gpus.append(Gpu(index, uuid, int(total) << 20, int(free) << 20 if free.isdigit() else None))
     except ValueError:
         return None, f"nvidia-smi answered {out.strip()[:200]!r}"
     if mig:
@@ -100,7 +104,8 @@ def visible_gpus(environ: Mapping[str, str] | None = None) -> tuple[GpuView | No
             chosen.append(matches[0])
     if not chosen:
         return None, "no GPU visible to the processes"
-    return GpuView(chosen, certain=alike or pci_order or not by_index), "nvidia-smi"
+    return GpuView(chosen, certain=alike or pci_order or not by_index,
+                   smallest=min(g.total for g in listed)), "nvidia-smi"
 
 
 def per_process_memory(view: GpuView, nproc: int) -> int:
@@ -109,21 +114,27 @@ def per_process_memory(view: GpuView, nproc: int) -> int:
     shares = [len(range(j, nproc, len(view.gpus))) for j in range(len(view.gpus))]
     if view.certain:
         return min(gpu.total // share for gpu, share in zip(view.gpus, shares) if share)
-    return min(gpu.total for gpu in view.gpus) // max(shares)
+    return view.smallest // max(shares)
 
 
 def worker_devices(workers: int, environ: Mapping[str, str] | None = None) -> list[str] | None:
     """CUDA_VISIBLE_DEVICES for each of `workers` local processes, worker k getting the k-th GPU (mod the GPUs
-    seen) of this node; None on a node without a GPU. Made from the parent's CUDA_VISIBLE_DEVICES entries, or
-    CUDA's own indices, so each worker's single GPU is numbered as CUDA numbers it."""
+    seen) of this node; None on a node without a GPU. Made from the parent's CUDA_VISIBLE_DEVICES entries (up to
+    the first that names no GPU, as CUDA reads them), or CUDA's own indices, so each worker's single GPU is
+    numbered as CUDA numbers it."""
     environ = os.environ if environ is None else environ
     visible = environ.get("CUDA_VISIBLE_DEVICES")
+    view, _ = visible_gpus(environ) if visible is not None or has_gpu() else (None, "")
     if visible is not None:
-        entries = [e.strip() for e in visible.split(",") if e.strip()]
+        entries = []
+        for entry in (e.strip() for e in visible.split(",")):
+            if not entry or entry.startswith("-"):
+                break
+            entries.append(entry)
+        if view is not None:
+            entries = entries[:len(view.gpus)]
     elif has_gpu():
-        entries = [str(i) for i in range(sum(1 for _ in _PROC_GPUS.iterdir()))]
+        entries = [str(i) for i in range(len(view.gpus) if view is not None else len(list(_PROC_GPUS.iterdir())))]
     else:
         return None
-    if not entries or entries[0] == "-1":
-        return None
-    return [entries[k % len(entries)] for k in range(workers)]
+    return [entries[k % len(entries)] for k in range(workers)] if entries else None

@@ -106,7 +106,7 @@ def gpu_memory_bytes(nproc: int, environ: Mapping[str, str] | None = None) -> tu
     used = view.gpus[:nproc]
     return each * nproc, (f"nvidia-smi memory.total: {nproc} process(es) on GPU(s) "
                           f"{', '.join(g.index for g in used)}, {_gib(each)} each; free now "
-                          f"{', '.join(_gib(g.free) for g in used)}")
+                          f"{', '.join('?' if g.free is None else _gib(g.free) for g in used)}")
 
 
 def node_memory_bytes(device: str, settings: Settings | None = None, nproc: int = 1) -> tuple[int | None, str]:
@@ -423,6 +423,8 @@ def tf_worker_envs(workers: int, *, ports: list[int] | None = None, host: str = 
         env.pop("TF_CONFIG", None)
         if devices:
             env["CUDA_VISIBLE_DEVICES"] = devices[local % len(devices)]
+            if workers > len(devices):  # workers share a GPU: TF would otherwise reserve all of it for the first
+                env.setdefault("TF_FORCE_GPU_ALLOW_GROWTH", "true")
         if len(cluster) > 1:
             env["TF_CONFIG"] = json.dumps({"cluster": {"worker": cluster}, "task": {"type": "worker", "index": index}})
         env.update({"TF_NUM_INTRAOP_THREADS": str(intra), "TF_NUM_INTEROP_THREADS": str(min(2, intra)),

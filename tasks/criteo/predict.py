@@ -227,8 +227,9 @@ def predict_file(version_dir: Path, raw: Path, output: Path | None = None, *, en
         for lines, label, logits, probabilities in iter_scored_blocks(
                 version_dir, raw, engine=engine, limit_rows=limit_rows, block_bytes=block_bytes, bad_rows=bad,
                 device=device):
-            if progress is None:
-                progress = ProgressLog(f"scoring {raw.name}", total=limit_rows, logger=log, every_s=10.0)
+            if progress is None:  # the first block's rows took no measured time: not in the rate
+                progress = ProgressLog(f"scoring {raw.name}", total=limit_rows, logger=log, every_s=10.0,
+                                       done=len(lines))
             scored += len(lines)
             progress.report(scored)
             last_line = int(lines[-1])

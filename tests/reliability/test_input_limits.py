@@ -468,7 +468,11 @@ def test_gpu_training_is_checked_against_the_gpus_its_processes_get(tmp_path: Pa
     assert gpu_memory_bytes(2, {**pci, "CUDA_VISIBLE_DEVICES": "0,-1,1"})[0] == 2 * (81559 * mib // 2)
     # Unlike GPUs in CUDA's default (fastest first) order: index 0 may be the small one, so the smallest counts
     assert gpu_memory_bytes(1, {"PATH": path})[0] == 40960 * mib
+    assert gpu_memory_bytes(1, {"PATH": path, "CUDA_VISIBLE_DEVICES": "0"})[0] == 40960 * mib
     assert gpu_memory_bytes(1, {"PATH": path, "CUDA_VISIBLE_DEVICES": "GPU-aaaa1111"})[0] == 81559 * mib
+    lenient = _fake_nvidia_smi(tmp_path / "nofree", "0, GPU-a, 81559, [N/A], Disabled\n")
+    assert gpu_memory_bytes(1, {"PATH": lenient}) == (81559 * mib, "nvidia-smi memory.total: 1 process(es) on "
+                                                                   "GPU(s) 0, 79.6 GiB each; free now ?")
     for environ, why in [({**pci, "CUDA_VISIBLE_DEVICES": ""}, "no GPU visible"),
                          ({**pci, "CUDA_VISIBLE_DEVICES": "MIG-1234"}, "MIG instances"),
                          ({"PATH": _fake_nvidia_smi(tmp_path / "mig", "0, GPU-a, 81559, 81000, Enabled\n")},
@@ -494,7 +498,7 @@ def test_gpu_training_is_checked_against_the_gpus_its_processes_get(tmp_path: Pa
     _one_line(caught.value, "nvidia-smi memory.total: 2 process(es) on GPU(s) 0, 1", "RECFLOW_TRAIN_MEMORY_BYTES")
 
 
-def test_tensorflow_workers_get_one_gpu_each(monkeypatch) -> None:
+def test_tensorflow_workers_get_one_gpu_each(tmp_path: Path, monkeypatch) -> None:
     from tasks.core import gpus
     from tasks.core.launch import tf_worker_envs
 
@@ -502,8 +506,14 @@ def test_tensorflow_workers_get_one_gpu_each(monkeypatch) -> None:
     assert gpus.worker_devices(2) is None or gpus.has_gpu()  # this machine: no GPU, nothing set
     envs = tf_worker_envs(3, ports=[4001, 4002, 4003], cores=6, devices=["0", "1"])
     assert [env["CUDA_VISIBLE_DEVICES"] for env in envs] == ["0", "1", "0"]
-    assert gpus.worker_devices(3, {"CUDA_VISIBLE_DEVICES": "GPU-b, 3"}) == ["GPU-b", "3", "GPU-b"]
-    assert gpus.worker_devices(2, {"CUDA_VISIBLE_DEVICES": "-1"}) is None
+    assert all(env["TF_FORCE_GPU_ALLOW_GROWTH"] == "true" for env in envs)  # two workers on GPU 0
+    assert "TF_FORCE_GPU_ALLOW_GROWTH" not in tf_worker_envs(2, ports=[4001, 4002], devices=["0", "1"])[0]
+    none = str(tmp_path / "none")  # a PATH without nvidia-smi: the entries as given, up to CUDA's first invalid one
+    assert gpus.worker_devices(3, {"PATH": none, "CUDA_VISIBLE_DEVICES": "GPU-b, 3"}) == ["GPU-b", "3", "GPU-b"]
+    assert gpus.worker_devices(2, {"PATH": none, "CUDA_VISIBLE_DEVICES": "0,-1,1"}) == ["0", "0"]
+    assert gpus.worker_devices(2, {"PATH": none, "CUDA_VISIBLE_DEVICES": "-1"}) is None
+    path = _fake_nvidia_smi(tmp_path / "bin", "0, GPU-a, 81559, 81000, Disabled\n1, GPU-b, 81559, 81000, Disabled\n")
+    assert gpus.worker_devices(2, {"PATH": path, "CUDA_VISIBLE_DEVICES": "1,5,0"}) == ["1", "1"]  # no GPU 5
     monkeypatch.setattr(gpus, "_PROC_GPUS", Path("/nonexistent"))
     assert gpus.worker_devices(2, {}) is None and "CUDA_VISIBLE_DEVICES" not in tf_worker_envs(2, cores=2)[0]
 
