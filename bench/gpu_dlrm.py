@@ -159,6 +159,8 @@ class Variant:
     cuda_graphs: bool = False
     amp_dtype: str = "auto"  # --amp_dtype
     padded: bool = True  # Dlrm(interaction_padding=...)
+    amp: bool = True  # False: fp32 whatever the shape's --amp (the `full` profile trains fp32)
+    tf32: bool = True  # --tf32 (CUDA fp32 matmuls on TF32 tensor cores)
 
 
 # Each change of issue #28 on its own, in the order they were made; "default" is what the trainer does with no knob.
@@ -170,6 +172,8 @@ STEP_VARIANTS = {
     "padded_bf16_eager": Variant("joint", "off", amp_dtype="bf16"),
     "padded_bf16_compiled": Variant("joint", "on", amp_dtype="bf16"),
     "padded_bf16_cuda_graphs": Variant("joint", "on", cuda_graphs=True, amp_dtype="bf16"),
+    "padded_fp32_tf32_compiled": Variant("joint", "on", amp=False),  # what `full` (fp32) trains with by default
+    "padded_fp32_strict_compiled": Variant("joint", "on", amp=False, tf32=False),  # until 2026-11-29
 }
 
 
@@ -179,14 +183,16 @@ def model_step(shape: Shape, device: torch.device, variant: str = "default") -> 
     from models.dlrm.config import DlrmConfig
     from models.dlrm.model import Dlrm
     from models.dlrm.train import compile_dense
-    from models.torchkit.distributed import DistContext, amp_dtype, autocast_context, make_grad_scaler
+    from models.torchkit.distributed import DistContext, amp_dtype, autocast_context, make_grad_scaler, use_tf32
     from tasks.core.progress import RankLog
 
     knobs = STEP_VARIANTS.get(variant, Variant("joint", "auto"))
     cards = cardinalities(shape.table_scale)
-    cfg = DlrmConfig(device=shape.device, amp=shape.amp, lr=LR, compile=knobs.compile, cuda_graphs=knobs.cuda_graphs,
-                     amp_dtype=knobs.amp_dtype)
+    amp = shape.amp and knobs.amp
+    cfg = DlrmConfig(device=shape.device, amp=amp, lr=LR, compile=knobs.compile, cuda_graphs=knobs.cuda_graphs,
+                     amp_dtype=knobs.amp_dtype, tf32=knobs.tf32)
     dtype = amp_dtype(device, cfg.amp_dtype)
+    use_tf32(device, cfg.tf32)
     with torch.device(device):
         if knobs.layout == "previous":
             model: nn.Module = PreviousDlrm(Dlrm(NUM_NUMERICAL, [2] * len(cards), interaction_padding=False), cards)
@@ -194,7 +200,7 @@ def model_step(shape: Shape, device: torch.device, variant: str = "default") -> 
             model = Dlrm(NUM_NUMERICAL, cards, interaction_padding=knobs.padded)
             compile_dense(model, cfg, DistContext(0, 0, 1, device, None), RankLog(0))
     optimizer = torch.optim.SGD(model.parameters(), lr=cfg.lr)
-    scaler = make_grad_scaler(device, shape.amp, dtype)
+    scaler = make_grad_scaler(device, amp, dtype)
     generator = torch.Generator(device=device).manual_seed(0)
     numerical = torch.randn(shape.batch_size, NUM_NUMERICAL, device=device, generator=generator)
     categorical = torch.stack([torch.randint(0, c, (shape.batch_size,), device=device, generator=generator)
@@ -203,7 +209,7 @@ def model_step(shape: Shape, device: torch.device, variant: str = "default") -> 
     fused = knobs.layout == "joint"
 
     def step() -> None:
-        with autocast_context(device, shape.amp, dtype):
+        with autocast_context(device, amp, dtype):
             logits = model(numerical, categorical)
         loss = torch.nn.functional.binary_cross_entropy_with_logits(logits.float(), label)
         optimizer.zero_grad(set_to_none=True)
@@ -238,7 +244,8 @@ def step_variants(shape: Shape, device: torch.device) -> dict[str, dict[str, Any
     """The model step of every STEP_VARIANTS entry, one after the other (each frees its tables before the next)."""
     results: dict[str, dict[str, Any]] = {}
     for name in STEP_VARIANTS:
-        if device.type != "cuda" and (STEP_VARIANTS[name].cuda_graphs or STEP_VARIANTS[name].amp_dtype == "fp16"):
+        knobs = STEP_VARIANTS[name]
+        if device.type != "cuda" and (knobs.cuda_graphs or knobs.amp_dtype == "fp16" or not knobs.tf32):
             continue  # CUDA-only knobs
         try:
             step = model_step(shape, device, name)

@@ -20,7 +20,7 @@ from tasks.core.launch import torchrun_command
 
 from models.torchkit.checkpoint import CheckpointError, latest_checkpoint, load_checkpoint, save_checkpoint
 from models.torchkit.distributed import (amp_dtype, autocast_context, backend_for, make_grad_scaler,
-                                       select_device)
+                                       select_device, use_tf32)
 from models.dlrm import evaluate
 from models.dlrm.config import DlrmConfig
 from models.dlrm.model import Dlrm
@@ -267,6 +267,25 @@ def test_device_selection_on_this_machine() -> None:
         assert select_device("auto") == torch.device("cpu")
         with pytest.raises(RuntimeError, match="no CUDA device"):
             select_device("cuda")
+
+
+def test_tf32_is_on_by_default_and_a_cuda_switch_only(dataset: Path, tmp_path: Path) -> None:
+    """--tf32 (default) lets CUDA fp32 matmuls use TF32 tensor cores, as NVIDIA's containers do; on the CPU the
+    switch changes nothing, and --no-tf32 parses."""
+    assert DlrmConfig().tf32 is True and parse_args(_args(dataset, tmp_path, "--no-tf32")).tf32 is False
+    before = torch.backends.cuda.matmul.allow_tf32
+    assert use_tf32(torch.device("cpu"), True) is False and torch.backends.cuda.matmul.allow_tf32 == before
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_fp32_training_uses_tf32_unless_told_not_to(dataset: Path, tmp_path: Path, capsys) -> None:
+    args = [a if a != "cpu" else "cuda" for a in _args(dataset, tmp_path / "tf32", "--batch_size", "128")]
+    assert main(args).final_metrics["auc"] >= 0.7 and torch.backends.cuda.matmul.allow_tf32
+    assert "fp32 matmuls on TF32 tensor cores" in capsys.readouterr().out
+    main([a if a != "cpu" else "cuda" for a in _args(dataset, tmp_path / "strict", "--batch_size", "128")]
+         + ["--no-tf32"])
+    assert not torch.backends.cuda.matmul.allow_tf32
 
 
 @pytest.mark.gpu

@@ -82,6 +82,9 @@ class DlrmConfig:
     torch_threads: int = option(0, "intra-op CPU threads per process (0: torch's default; torchrun sets 1)")
     compile: str = option("auto", "torch.compile the dense layers: on, off, auto (on for CUDA, off for CPU, where it "
                                 "measured no faster; docs/PERFORMANCE-gpu.md)", choices=("auto", "on", "off"))
+    tf32: bool = option(True, "CUDA: fp32 matmuls (all of them without --amp, the fp32 ones with it) on TF32 "
+                              "tensor cores, as NVIDIA's PyTorch containers run them and its fp32 figures are; "
+                              "off: strict fp32 (torch's own default)")
     cuda_graphs: bool = option(False, "with compile on CUDA: capture the dense layers as CUDA graphs (torch.compile "
                                     "mode reduce-overhead); off until measured on a GPU")
     dense_table_limit_mb: int = option(256, "largest embedding tables (MB, fp32, all tables together) a multi-GPU "

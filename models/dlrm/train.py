@@ -30,7 +30,8 @@ from models.torchkit.checkpoint import (CheckpointError, capture_rng_state, devi
                                       state_checksum)
 from models.torchkit.device_batches import ahead_on_device
 from models.torchkit.distributed import (DistContext, amp_dtype, autocast_context, barrier, broadcast_from_main,
-                                        data_parallel, init_distributed, make_grad_scaler, shutdown_distributed)
+                                        data_parallel, init_distributed, make_grad_scaler, shutdown_distributed,
+                                        use_tf32)
 from tasks.core.progress import ProgressMeter, RankLog, format_bytes, format_duration
 from models.dlrm.config import DlrmConfig, build_parser, config_from_namespace, lr_factor  # noqa: F401
 from models.dlrm.data import (Batch, PrefetchingReader, SplitBinaryDataset, decodes_on_device, shard_batch_indices,
@@ -547,6 +548,8 @@ def train(cfg: DlrmConfig, ctx: DistContext) -> TrainResult:
 
 
 def _train(cfg: DlrmConfig, ctx: DistContext) -> TrainResult:
+    if use_tf32(ctx.device, cfg.tf32):
+        RankLog(ctx.rank)("fp32 matmuls on TF32 tensor cores (--tf32; --no-tf32: strict fp32)")
     run = _setup(cfg, ctx)
     try:
         run.out.mkdir(parents=True, exist_ok=True)

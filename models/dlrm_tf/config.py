@@ -30,6 +30,7 @@ PYTORCH_ONLY = {
     "cuda_graphs": "torch.compile's CUDA graphs; TF compiles its step with --xla",
     "dense_table_limit_mb": "the refusal of dense NCCL table gradients; the TF2 DLRM keeps big tables on the host",
     "copy_ahead": "the PyTorch loop's pinned batches copied on a CUDA side stream; tf.data prefetches the TF2 batches",
+    "tf32": "torch's TF32 switch; TensorFlow runs fp32 matmuls on TF32 tensor cores by default",
 }
 # NVIDIA TF2 --cpu_offloading_threshold_gb default: 75 GB of embedding tables per worker before offloading.
 HOST_TABLE_THRESHOLD_BYTES = 75 * 10**9

@@ -191,6 +191,16 @@ def broadcast_from_main(ctx: DistContext, value: Any) -> Any:
 AMP_DTYPES = ("auto", "bf16", "fp16")
 
 
+def use_tf32(device: torch.device, enabled: bool) -> bool:
+    """On CUDA, let fp32 matmuls use TF32 tensor cores (`enabled`) or keep them strict fp32; returns whether TF32 is
+    on. The legacy switch (allow_tf32), not fp32_precision: torch 2.13's inductor still reads the legacy getter,
+    which raises once the new API has set a value. Nothing changes on the CPU."""
+    if device.type != "cuda":
+        return False
+    torch.backends.cuda.matmul.allow_tf32 = enabled
+    return enabled
+
+
 def amp_dtype(device: torch.device, name: str = "auto") -> torch.dtype:
     """The autocast type of --amp on `device`. auto: bf16 where the device computes it natively (the CPU; CUDA
     compute capability >= 8: A100, H100, H200), fp16 on older GPUs. bf16 keeps fp32's range, so it needs no loss
