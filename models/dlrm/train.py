@@ -532,7 +532,7 @@ def _gather_per_rank(run: _Run, value: int) -> list[int]:
 
 
 def train(cfg: DlrmConfig, ctx: DistContext) -> TrainResult:
-    previous_threads = torch.get_num_threads()
+    previous_threads, previous_tf32 = torch.get_num_threads(), torch.backends.cuda.matmul.allow_tf32
     if cfg.torch_threads > 0:
         # On a shared worker, fewer threads than cores avoids OpenMP threads spinning against other jobs.
         torch.set_num_threads(cfg.torch_threads)
@@ -543,6 +543,7 @@ def train(cfg: DlrmConfig, ctx: DistContext) -> TrainResult:
         return _train(cfg, ctx)
     finally:
         torch.set_num_threads(previous_threads)
+        torch.backends.cuda.matmul.allow_tf32 = previous_tf32  # what runs after in this process keeps its precision
         if own_group:
             shutdown_distributed(ctx)
 

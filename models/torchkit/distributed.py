@@ -193,8 +193,8 @@ AMP_DTYPES = ("auto", "bf16", "fp16")
 
 def use_tf32(device: torch.device, enabled: bool) -> bool:
     """On CUDA, let fp32 matmuls use TF32 tensor cores (`enabled`) or keep them strict fp32; returns whether TF32 is
-    on. The legacy switch (allow_tf32), not fp32_precision: torch 2.13's inductor still reads the legacy getter,
-    which raises once the new API has set a value. Nothing changes on the CPU."""
+    on. The legacy switch (allow_tf32), not fp32_precision: the legacy getters, which dynamo's global-state guard
+    still reads in torch 2.13, raise once the new API has set a value. Nothing changes on the CPU."""
     if device.type != "cuda":
         return False
     torch.backends.cuda.matmul.allow_tf32 = enabled
