@@ -13,8 +13,9 @@ log(x + 3), 0 when missing or x + 3 <= 0, rounded through float16 as split-binar
 Rows are checked with ingest's rules (tasks.criteo.raw_rows): a bad row is skipped and reported with its
 file/line/field/column, and the call fails with one line when bad rows exceed the bad-row budget. Streaming: one
 block of lines (64 MiB) at a time; each block's scores are written before the next is read, with a progress line
-(rows, rows/s, ETA when --limit-rows gives the total). The model runs on a GPU when there is one (--device auto): NVIDIA's
-MLPs and interaction (~5 MFLOP a row) ran at 22-30K rows/s on this 2-core machine, ~1 h for the gate's 89M test rows.
+(rows, rows/s, ETA when --limit-rows gives the total). The model runs on a GPU when there is one (--device auto):
+NVIDIA's MLPs and interaction (~5 MFLOP a row) ran at 22-30K rows/s on this 2-core machine, ~1 h for the gate's
+89M test rows.
 
 Output: one line per good row, `<line number>\t<label>\t<probability>` (the label as the row gives it).
 """
