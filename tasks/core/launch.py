@@ -398,9 +398,8 @@ def tf_worker_envs(workers: int, *, ports: list[int] | None = None, host: str = 
     thread pools sized so workers x intra-op threads <= cores. One worker gets no TF_CONFIG (single-process
     strategy). Multi-node: `cluster` names every worker of every node (NodeLayout.tf_cluster) and `indices` the
     positions in it of this node's `workers` workers. On a node with GPUs each worker sees one, its
-    CUDA_VISIBLE_DEVICES from `devices` (worker k: entry k mod their number; default:
-    tasks.core.gpus.worker_devices): without it every worker's
-    MultiWorkerMirroredStrategy would put a replica on every GPU of the node."""
+    CUDA_VISIBLE_DEVICES from `devices` (worker k: entry k mod their number; default: tasks.core.gpus.
+    worker_devices): without it every worker's MultiWorkerMirroredStrategy would put a replica on every GPU."""
     if not 1 <= workers <= 64:
         raise ValueError(f"invalid number of TensorFlow workers: {workers}")
     cores = cores or os.cpu_count() or 1

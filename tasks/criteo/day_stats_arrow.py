@@ -173,6 +173,12 @@ def combine(keys: np.ndarray, counts: np.ndarray) -> tuple[np.ndarray, np.ndarra
     return keys[starts], np.add.reduceat(counts, starts)
 
 
+def fibonacci_buckets(keys: np.ndarray, bits: int) -> np.ndarray:
+    """A bucket in 0..2**bits - 1 (uint64) of each uint64 key: the top bits of key x the golden-ratio multiplier,
+    so keys that differ only in their low bits (8 hex characters read as a number) spread over every bucket."""
+    return (keys * _HASH_MULTIPLIER) >> np.uint64(64 - bits)
+
+
 class KeyCounter:
     """Exact counts of uint64 keys: a bounded buffer of (key, count) pairs, spilled by key hash into bucket files."""
 
@@ -206,8 +212,7 @@ class KeyCounter:
         return keys, counts
 
     def _bucket_of(self, keys: np.ndarray) -> np.ndarray:
-        bits = self.buckets.bit_length() - 1
-        return ((keys * _HASH_MULTIPLIER) >> np.uint64(64 - bits)).astype(np.uint16)
+        return fibonacci_buckets(keys, self.buckets.bit_length() - 1).astype(np.uint16)
 
     def _spill(self) -> None:
         keys, counts = self._combined_buffer()

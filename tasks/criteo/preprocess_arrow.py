@@ -61,6 +61,7 @@ from tasks.criteo.contract import (DICTIONARY, INDEX_MASK, MAPPINGS, PARTITION_S
 from tasks.core.progress import ProgressLog
 from tasks.core.xxhash import SPARK_HASH_SEED, xxhash64_int, xxhash64_long
 from tasks.core.storage import atomic_directory
+from tasks.criteo.day_stats_arrow import fibonacci_buckets
 from tasks.criteo.schema import CAT_COLUMNS, INT_COLUMNS, LABEL, NUM_INT_FEATURES
 from tasks.formats.feature_spec import DTYPE_SELECTOR, FeatureSpec
 from tasks.formats.split_binary import write_dataset
@@ -82,7 +83,6 @@ _COUNTS_SPILL_SCHEMA = pa.schema([pa.field("value", pa.string()), pa.field("coun
 GROUP_BY_ROWS = 1 << 25       # spilled counts summed in one hash aggregation (~1-2 GB); more are split by value hash
 MAX_GROUP_BY_BUCKETS = 512    # open IPC writers while a column's spill is split (~16B counts of one column)
 PARTITION_ROWS = 1 << 22      # spilled counts read at a time while splitting
-_HASH_MULTIPLIER = np.uint64(0x9E3779B97F4A7C15)  # Fibonacci hashing: the key's bits spread over the top bits
 
 
 # ---- the train shuffle's key: Spark's xxhash64 (tasks/core/xxhash.py) -------------------------------------------
@@ -141,12 +141,12 @@ def _value_buckets(values: pa.Array, bits: int) -> np.ndarray:
     8-byte value (every real Criteo value) is hashed as its int64 key, any other by pandas' hash of the string."""
     lengths, valid, data = _string_parts(values)
     eight = valid & (lengths == 8)
-    hashed = np.zeros(len(values), dtype=np.uint64)
+    buckets = np.zeros(len(values), dtype=np.uint64)
     if not eight.all():
         import pandas as pd
 
-        hashed[~eight] = pd.util.hash_array(values.filter(pa.array(~eight)).to_numpy(zero_copy_only=False)
-                                            .astype(object))
+        hashed = pd.util.hash_array(values.filter(pa.array(~eight)).to_numpy(zero_copy_only=False).astype(object))
+        buckets[~eight] = hashed >> np.uint64(64 - bits)
     starts = (np.cumsum(lengths, dtype=np.int64) - lengths)[eight]
     if len(starts) * 8 == len(data):  # every value 8 bytes long: their bytes in order
         keys = data.view("<u8")
@@ -154,8 +154,8 @@ def _value_buckets(values: pa.Array, bits: int) -> np.ndarray:
         keys = np.zeros(len(starts), dtype=np.uint64)
         for k in range(8):
             keys |= data[starts + k].astype(np.uint64) << np.uint64(8 * k)
-    hashed[eight] = keys * _HASH_MULTIPLIER
-    return (hashed >> np.uint64(64 - bits)).astype(np.int64)
+    buckets[eight] = fibonacci_buckets(keys, bits)  # as day_stats_arrow's spill buckets its keys
+    return buckets.astype(np.int64)
 
 
 def _split_by_value(path: Path, buckets: int) -> list[Path]:
