@@ -16,7 +16,8 @@ from typing import Any
 import keras
 import tensorflow as tf
 
-from models.dlrm_tf.model import DlrmTf
+from models.dlrm_tf.model import HOST_DEVICE, DlrmTf
+from models.tfkit.precision import agree_on_finite, all_finite, is_loss_scaled
 
 
 def _raw(variable: Any) -> tf.Variable:
@@ -30,7 +31,7 @@ def make_train_step(model: DlrmTf, optimizer: keras.optimizers.Optimizer, strate
     host = model.host_table_variables()
     host_ids = {id(v) for v in host}
     mirrored = [v for v in model.trainable_variables if id(v) not in host_ids]
-    loss_scaled = isinstance(optimizer, keras.optimizers.LossScaleOptimizer)
+    loss_scaled = is_loss_scaled(optimizer)
     global_batch = float(global_batch)
 
     @tf.function(jit_compile=jit_compile, reduce_retracing=True)
@@ -43,10 +44,10 @@ def make_train_step(model: DlrmTf, optimizer: keras.optimizers.Optimizer, strate
         gradients = tape.gradient(scaled, mirrored + host)
         return loss, gradients[:len(mirrored)], gradients[len(mirrored):]
 
-    def update_host_tables(gradients: list[tf.IndexedSlices], lr: tf.Tensor) -> None:
+    def update_host_tables(gradients: list[tf.IndexedSlices], lr: tf.Tensor, mirrored_finite: tf.Tensor) -> None:
         summed = tf.distribute.get_replica_context().all_reduce(tf.distribute.ReduceOp.SUM, gradients)
         scale = tf.cast(optimizer.dynamic_scale, tf.float32) if loss_scaled else tf.constant(1.0)
-        finite = tf.reduce_all([tf.reduce_all(tf.math.is_finite(g.values)) for g in summed])
+        finite = tf.logical_and(all_finite(summed), mirrored_finite)  # skipped with the optimizer's step
 
         def apply() -> tf.Tensor:
             for variable, gradient in zip(host, summed):
@@ -58,8 +59,11 @@ def make_train_step(model: DlrmTf, optimizer: keras.optimizers.Optimizer, strate
 
     def replica_step(inputs: Any, labels: tf.Tensor, lr: tf.Tensor):
         loss, mirrored_gradients, host_gradients = loss_and_gradients(inputs, labels)
-        if host:
-            update_host_tables(host_gradients, lr)  # reads the loss scale before the optimizer updates it
+        mirrored_finite = tf.constant(True)
+        if loss_scaled:
+            mirrored_gradients, mirrored_finite = agree_on_finite(mirrored_gradients)
+        if host:  # reads the loss scale before the optimizer updates it
+            update_host_tables(host_gradients, lr, mirrored_finite)
         optimizer.apply_gradients(zip(mirrored_gradients, mirrored))
         return loss
 
@@ -74,14 +78,17 @@ def make_train_step(model: DlrmTf, optimizer: keras.optimizers.Optimizer, strate
 
 def make_host_table_sync(model: DlrmTf, strategy: tf.distribute.Strategy, is_chief: bool):
     """A function that overwrites every worker's host-memory tables with the chief's (a sum where only the chief
-    contributes); a no-op without host tables. Called after building or restoring, so all workers start equal."""
+    contributes); a no-op without host tables. Called after building or restoring on several workers, so all of
+    them start equal."""
     host = model.host_table_variables()
     weight = tf.constant(1.0 if is_chief else 0.0)
 
     def replica_sync():
         ctx = tf.distribute.get_replica_context()
         for variable in host:
-            _raw(variable).assign(ctx.all_reduce(tf.distribute.ReduceOp.SUM, _raw(variable) * weight))
+            with tf.device(HOST_DEVICE):  # a host table is too big for the replica's GPU: not a copy there
+                contribution = _raw(variable) * weight
+            _raw(variable).assign(ctx.all_reduce(tf.distribute.ReduceOp.SUM, contribution))
         return tf.constant(0.0)
 
     @tf.function

@@ -9,6 +9,8 @@ from typing import Any
 import keras
 import tensorflow as tf
 
+from models.tfkit.precision import agree_on_finite, is_loss_scaled
+
 
 def make_train_step(model: keras.Model, optimizer: keras.optimizers.Optimizer, strategy: tf.distribute.Strategy,
                     global_batch: int, jit_compile: bool = False, micro_batches: int = 1):
@@ -25,6 +27,7 @@ def make_train_step(model: keras.Model, optimizer: keras.optimizers.Optimizer, s
     if micro_batches < 1:
         raise ValueError(f"micro_batches must be >= 1, got {micro_batches}")
     global_batch = float(global_batch)
+    loss_scaled = is_loss_scaled(optimizer)
 
     @tf.function(jit_compile=jit_compile, reduce_retracing=True)
     def loss_and_gradients(inputs: Any, labels: tf.Tensor, seed: tf.Tensor):
@@ -44,6 +47,8 @@ def make_train_step(model: keras.Model, optimizer: keras.optimizers.Optimizer, s
             loss, gradients = loss_and_gradients(inputs, labels, seed)
         else:
             loss, gradients = sliced_loss_and_gradients(inputs, labels, seed)
+        if loss_scaled:
+            gradients, _ = agree_on_finite(gradients)
         optimizer.apply_gradients(zip(gradients, model.trainable_variables))
         return loss
 

@@ -1,0 +1,72 @@
+"""fp16 loss scaling over several replicas (models.tfkit.precision): every replica skips a step on which any of them
+overflowed. Two replicas on two logical CPUs of one process (MirroredStrategy: the decision logic of
+MultiWorkerMirroredStrategy's workers, whose divergence would hang the job instead of corrupting it); TensorFlow's
+devices are fixed when its runtime starts, so the check runs in a child process."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+SCRIPT = r'''
+import json, os, sys
+os.environ["TF_CPP_MIN_LOG_LEVEL"] = "2"
+import keras
+import tensorflow as tf
+
+cpu = tf.config.list_physical_devices("CPU")[0]
+tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
+from models.tfkit.precision import SparseAwareLossScaleOptimizer, agree_on_finite
+
+agree = sys.argv[1] == "agree"
+strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+with strategy.scope():
+    w = keras.Variable(tf.ones([3]), name="w")
+    table = keras.Variable(tf.ones([5, 2]), name="table")
+    optimizer = SparseAwareLossScaleOptimizer(keras.optimizers.SGD(0.1))
+    optimizer.build([w, table])
+scale_before = float(optimizer.dynamic_scale.numpy())
+
+def replica_step(overflow_on):
+    replica = tf.distribute.get_replica_context().replica_id_in_sync_group
+    dense = tf.ones([3]) * tf.where(replica == overflow_on, float("inf"), 1.0)
+    grads = [dense, tf.IndexedSlices(tf.ones([1, 2]), tf.constant([2]), tf.constant([5, 2]))]
+    if agree:
+        grads, _ = agree_on_finite(grads)
+    optimizer.apply_gradients(zip(grads, [w, table]))
+
+@tf.function
+def step(overflow_on):
+    strategy.run(replica_step, args=(overflow_on,))
+
+step(tf.constant(1))  # replica 1 overflows, replica 0 does not
+skipped = {"w": w.numpy().tolist(), "table": table.numpy().tolist(), "scale": float(optimizer.dynamic_scale.numpy())}
+step(tf.constant(-1))  # no replica overflows: the step applies
+applied = {"w": w.numpy().tolist()}
+# A sparse gradient of a table far too large to copy densely: checked on its values only
+huge = tf.IndexedSlices(tf.constant([[1.0, float("nan")]]), tf.constant([7]), tf.constant([1 << 34, 2], tf.int64))
+flags = [bool(optimizer.check_finite([huge])), bool(optimizer.check_finite([tf.IndexedSlices(
+    tf.ones([1, 2]), tf.constant([7]), tf.constant([1 << 34, 2], tf.int64))]))]
+print(json.dumps({"scale_before": scale_before, "skipped": skipped, "applied": applied, "flags": flags}))
+'''
+
+
+def _run(mode: str) -> dict:
+    proc = subprocess.run([sys.executable, "-c", SCRIPT, mode], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_replicas_skip_together_a_step_on_which_one_overflowed() -> None:
+    agreed = _run("agree")
+    assert agreed["skipped"]["w"] == [1.0, 1.0, 1.0] and agreed["skipped"]["table"] == [[1.0, 1.0]] * 5
+    assert agreed["skipped"]["scale"] == agreed["scale_before"] / 2  # lowered once, as on one replica
+    assert agreed["applied"]["w"] != [1.0, 1.0, 1.0]  # a finite step still trains
+    assert agreed["flags"] == [False, True]  # a sparse gradient's values are checked, not a dense copy
+    # Without the agreement, Keras took replica 0's "finite" and applied replica 1's overflow
+    alone = _run("alone")
+    assert alone["skipped"]["w"] != [1.0, 1.0, 1.0]
