@@ -170,6 +170,41 @@ def test_amp_type_is_bf16_where_the_device_computes_it_and_fp16_needs_its_scaler
         amp_dtype(cuda, "fp8")
 
 
+def test_fp16_loss_scaling_takes_or_skips_the_tables_with_the_dense_layers() -> None:
+    """With fp16's loss scaler, an overflow in the table rows or in the dense gradients skips both updates and
+    lowers the scale once; a clean step updates both. (CUDA's fp16 path, run with the scaler's CPU kernels; the
+    overflow is planted in the gradients after backward.)"""
+    from types import SimpleNamespace
+
+    from models.dlrm.train import _scaled_update
+
+    torch.manual_seed(0)
+    model = Dlrm(2, CARDS, bottom_mlp_sizes=(8, 4), top_mlp_sizes=(8, 1))
+    dense = [p for name, p in model.named_parameters() if name != "embeddings.weight"]
+    optimizer = torch.optim.SGD(dense, lr=0.1)
+    run = SimpleNamespace(scaler=torch.amp.GradScaler("cpu", init_scale=1024.0), optimizer=optimizer, core=model,
+                          cfg=SimpleNamespace(batch_size=4), ctx=SimpleNamespace(world_size=1))
+
+    def step(overflow: str) -> tuple[set[str], float]:
+        logits = model(torch.randn(4, 2), torch.tensor([[1, 2, 0, 3]] * 4))
+        loss = nn.functional.binary_cross_entropy_with_logits(logits, torch.ones(4))
+        optimizer.zero_grad(set_to_none=True)
+        run.scaler.scale(loss).backward()
+        if overflow == "tables":
+            model.embeddings.pending[0][1][0, 0] = float("inf")
+        elif overflow == "dense":
+            dense[0].grad[0, 0] = float("inf")
+        before = {name: p.detach().clone() for name, p in model.named_parameters()}
+        _scaled_update(run, 0.1)
+        return {name for name, p in model.named_parameters() if not torch.equal(p, before[name])}, \
+            run.scaler.get_scale()
+
+    assert step("tables") == (set(), 512.0)
+    assert step("dense") == (set(), 256.0)
+    changed, scale = step("none")
+    assert changed == {name for name, _ in model.named_parameters()} and scale == 256.0
+
+
 def test_a_run_writes_its_weights_once_and_resumes_from_them(tmp_path: Path) -> None:
     data = tmp_path / "data"
     make_synthetic_dataset(data, train_rows=4_000, test_rows=1_000, seed=0)

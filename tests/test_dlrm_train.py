@@ -165,20 +165,26 @@ def test_two_process_torchrun_keeps_ranks_identical(dataset: Path, tmp_path: Pat
         "step_00000010.pt", "step_00000020.pt", "step_00000030.pt"]
 
 
-def test_killed_run_resumes_from_its_last_checkpoint(dataset: Path, tmp_path: Path) -> None:
-    args = _args(dataset, tmp_path / "run", "--batch_size", "256", "--epochs", "3", "--checkpoint_every_steps", "20")
+def _kill_after_a_checkpoint(args: list[str], out: Path) -> int:
+    """Start the trainer with `args` in a child, SIGKILL it once its first checkpoint is written; that step."""
     proc = subprocess.Popen([sys.executable, "-m", "models.dlrm.train", *args], cwd=REPO,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    pointer = tmp_path / "run" / "checkpoints" / "latest"
+    pointer = out / "checkpoints" / "latest"
     deadline = time.monotonic() + 90
     while not pointer.exists() and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.005)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     assert proc.returncode == -signal.SIGKILL, proc.stderr.read().decode()[-2000:]
-    killed_at = int(load_checkpoint(latest_checkpoint(pointer.parent))["step"])
+    assert not (out / "model.pt").exists()
+    return int(load_checkpoint(latest_checkpoint(pointer.parent))["step"])
+
+
+def test_killed_run_resumes_from_its_last_checkpoint(dataset: Path, tmp_path: Path) -> None:
+    args = _args(dataset, tmp_path / "run", "--batch_size", "256", "--epochs", "3", "--checkpoint_every_steps", "20")
+    killed_at = _kill_after_a_checkpoint(args, tmp_path / "run")
     total = 3 * (20_000 // 256)
-    assert 20 <= killed_at < total and not (tmp_path / "run" / "model.pt").exists()
+    assert 20 <= killed_at < total
     resumed = main(args)
     assert resumed.resumed_from_step == killed_at and resumed.steps == total
     assert json.loads((tmp_path / "run" / "metrics.json").read_text())["resumed_from_step"] == killed_at
@@ -316,6 +322,20 @@ def test_cuda_batches_copied_ahead_train_as_batches_copied_in_line(dataset: Path
         losses[name] = [r["loss"] for r in result_records(tmp_path / name) if r["kind"] == "train"]
         assert result.final_metrics["auc"] >= 0.7, name
     assert len(losses["ahead"]) >= 3 and losses["ahead"] == pytest.approx(losses["in_line"], rel=1e-4)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("sharding", ["data_parallel", "table_wise"])
+def test_cuda_run_resumes_from_its_last_checkpoint(dataset: Path, tmp_path: Path, sharding: str) -> None:
+    """A retried GPU run loads its checkpoint onto the CPU and copies what each rank holds (its RNG states, saved
+    as CPU tensors, included), so a sharded run's rank never holds the whole model on its GPU."""
+    args = [a if a != "cpu" else "cuda" for a in _args(dataset, tmp_path / "run", "--batch_size", "256", "--epochs",
+                                                       "3", "--checkpoint_every_steps", "20", "--sharding", sharding)]
+    killed_at = _kill_after_a_checkpoint(args, tmp_path / "run")
+    resumed = main(args)
+    assert resumed.resumed_from_step == killed_at and resumed.steps == 3 * (20_000 // 256)
+    assert resumed.final_metrics["auc"] >= 0.7
 
 
 def result_records(out: Path) -> list[dict]:

@@ -279,27 +279,34 @@ class Dlrm(nn.Module):
 
     @torch.no_grad()
     def apply_sparse_update(self, lr: float, world_size: int = 1, inv_scale: torch.Tensor | None = None,
-                            max_rows: int | None = None) -> None:
+                            max_rows: int | None = None, found_inf: torch.Tensor | None = None) -> None:
         """Plain SGD on the rows the last backward looked up: weight[ids] -= lr * mean over ranks of their gradient
         rows (one index_add_; duplicates add up). Every rank calls this after backward; with world_size > 1 the
-        rows of all ranks are gathered first (identical on every rank). inv_scale: 1 / the loss scale of an fp16
-        GradScaler; rows holding inf/nan are then skipped (no sync with the host). max_rows: a bound on any rank's
-        looked-up rows (batch rows x tables), which spares the gather its count exchange (`gather_rows`)."""
+        rows of all ranks are gathered first (identical on every rank). max_rows: a bound on any rank's looked-up
+        rows (batch rows x tables), which spares the gather its count exchange (`gather_rows`).
+
+        inv_scale: 1 / the loss scale of an fp16 GradScaler; a step whose rows hold inf/nan is then skipped (no
+        sync with the host). found_inf: the scaler's flag of this step after `unscale_` (the dense gradients'): the
+        tables are skipped with the dense layers, and their own overflow is added to it, so that the scaler skips
+        the dense step too and lowers its scale. Checked after the gather: every rank decides the same."""
         taken = self.embeddings.take_pending()
         if taken is None:
             return
         ids, grads = taken
         weight = self.embeddings.weight
         grads = grads.to(weight.dtype)
-        if inv_scale is not None:
-            grads = grads * inv_scale
-            grads = torch.where(torch.isfinite(grads).all(), grads, torch.zeros((), dtype=grads.dtype,
-                                                                                device=grads.device))
         if world_size > 1:
             from models.torchkit.distributed import gather_rows
 
             ids, grads = gather_rows(ids, grads, world_size, max_rows)
             lr = lr / world_size
+        if inv_scale is not None:
+            grads = grads * inv_scale
+            overflow = ~torch.isfinite(grads).all()
+            if found_inf is not None:
+                found_inf.add_(overflow.to(found_inf.dtype))
+                overflow = found_inf > 0
+            grads = torch.where(overflow, torch.zeros((), dtype=grads.dtype, device=grads.device), grads)
         weight.index_add_(0, ids, grads, alpha=-lr)
 
     def forward(self, numerical: torch.Tensor, categorical: torch.Tensor) -> torch.Tensor:

@@ -191,13 +191,53 @@ def plain_key(key: str) -> str:
     return key
 
 
+_HOST_GROUPS: dict[int, Any] = {}  # NCCL world -> a gloo group over the same ranks, for host-memory transfers
+
+
+def _host_group(ctx: DistContext) -> Any:
+    """A process group whose collectives take CPU tensors: the world itself on gloo, a gloo group of the same ranks
+    beside NCCL (made once, by every rank: new_group is collective)."""
+    if ctx.backend != "nccl":
+        return None  # the default group
+    world = id(dist.GroupMember.WORLD)
+    if world not in _HOST_GROUPS:
+        _HOST_GROUPS[world] = dist.new_group(backend="gloo")
+    return _HOST_GROUPS[world]
+
+
+def _region(full: torch.Tensor, offsets: tuple[int, ...], sizes: tuple[int, ...]) -> torch.Tensor:
+    for dim, (start, length) in enumerate(zip(offsets, sizes)):
+        full = full.narrow(dim, start, length)
+    return full
+
+
+def _gather_to_host(value: Any, full: torch.Tensor | None, rank: int, group: Any) -> None:
+    """Each shard of a ShardedTensor into rank 0's CPU tensor `full`, one shard in host memory at a time.
+
+    Not ShardedTensor.gather: it gathers the shards' device tensors into buffers on `full`'s device, which neither
+    backend takes for a GPU model (gloo gathers CPU tensors only, NCCL refuses CPU buffers), and gathering onto rank
+    0's GPU would put there a row-wise table that fits no single GPU."""
+    local = {(tuple(s.metadata.shard_offsets), tuple(s.metadata.shard_sizes)): s.tensor for s in value.local_shards()}
+    for meta in value.metadata().shards_metadata:  # the same order on every rank
+        owner, where = meta.placement.rank(), (tuple(meta.shard_offsets), tuple(meta.shard_sizes))
+        if owner == rank == 0:
+            _region(full, *where).copy_(local[where])
+        elif owner == rank:
+            dist.send(local[where].detach().cpu().contiguous(), dst=0, group=group)
+        elif rank == 0:
+            piece = torch.empty(where[1], dtype=full.dtype)
+            dist.recv(piece, src=owner, group=group)
+            _region(full, *where).copy_(piece)
+
+
 def gather_plain_state(model: ShardedDlrm, ctx: DistContext) -> dict[str, torch.Tensor] | None:
-    """The whole model as a Dlrm state dict on rank 0 (None elsewhere). Every rank must call this."""
+    """The whole model as a Dlrm state dict in rank 0's host memory (None elsewhere). Every rank must call this."""
     plain: dict[str, torch.Tensor] = {}
+    group = _host_group(ctx)
     for key, value in model.state_dict().items():
         if _is_sharded(value):
             full = torch.empty(value.size(), dtype=value.dtype) if ctx.is_main else None
-            value.gather(dst=0, out=full)
+            _gather_to_host(value, full, ctx.rank, group)
             if ctx.is_main:
                 plain[plain_key(key)] = full
         elif ctx.is_main:

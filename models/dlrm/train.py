@@ -293,8 +293,10 @@ def _resume(run: _Run) -> int | None:
     path = broadcast_from_main(run.ctx, str(found) if found else None)
     if path is None:
         return None
-    # Memory-mapped for a sharded run: each rank reads only the table slices it holds.
-    state = load_checkpoint(Path(path), map_location=run.ctx.device, mmap=run.sharded)
+    # Onto the CPU, memory-mapped for a sharded or GPU run: each rank reads only the table slices it holds, and
+    # copies them to its device (loaded onto the GPU, every rank would hold the whole model there, and the RNG
+    # states would be CUDA tensors).
+    state = load_checkpoint(Path(path), map_location="cpu", mmap=run.sharded or run.ctx.device.type != "cpu")
     _check_compatible(run, Path(path), state)
     if run.sharded:
         sharded.load_plain_state(run.core, state["model"])
@@ -340,9 +342,7 @@ def _train_step(run: _Run, batch: Batch) -> torch.Tensor:
     lr = run.optimizer.param_groups[0]["lr"]
     if run.scaler is not None:
         run.scaler.scale(loss).backward()
-        _sparse_update(run, lr, inv_scale=run.scaler._scale.double().reciprocal().float())  # noqa: SLF001 (no sync)
-        run.scaler.step(run.optimizer)
-        run.scaler.update()
+        _scaled_update(run, lr)
     else:
         loss.backward()
         _sparse_update(run, lr)  # DDP averaged the dense gradients during backward
@@ -357,11 +357,24 @@ def _amp_name(run: _Run) -> str:
     return {torch.bfloat16: "bf16", torch.float16: "fp16 + loss scaling"}[run.amp_dtype]
 
 
-def _sparse_update(run: _Run, lr: float, inv_scale: torch.Tensor | None = None) -> None:
+def _sparse_update(run: _Run, lr: float, inv_scale: torch.Tensor | None = None,
+                   found_inf: torch.Tensor | None = None) -> None:
     if isinstance(run.core, Dlrm):
         # No rank's batch holds more than its share of the global batch: the rows gather without a count exchange.
         max_rows = run.cfg.batch_size // run.ctx.world_size * len(run.core.table_sizes)
-        run.core.apply_sparse_update(lr, run.ctx.world_size, inv_scale, max_rows)
+        run.core.apply_sparse_update(lr, run.ctx.world_size, inv_scale, max_rows, found_inf)
+
+
+def _scaled_update(run: _Run, lr: float) -> None:
+    """fp16's loss-scaled update after backward: the dense step and the tables' are taken or skipped together, on
+    the overflow of either (the scaler's flag, which the table update adds to), and either lowers the scale."""
+    scaler = run.scaler
+    scaler.unscale_(run.optimizer)
+    flags = list(scaler._found_inf_per_device(run.optimizer).values())  # noqa: SLF001 (the tensor step() reads)
+    inv_scale = scaler._scale.double().reciprocal().float()  # noqa: SLF001 (no sync with the host)
+    _sparse_update(run, lr, inv_scale=inv_scale, found_inf=flags[0] if len(flags) == 1 else None)
+    scaler.step(run.optimizer)
+    scaler.update()
 
 
 def _log_interval(run: _Run, epoch: int, loss_sum: torch.Tensor, count: int, meter: ProgressMeter) -> None:

@@ -248,7 +248,7 @@ def restore_rng_state(state: dict[str, Any]) -> None:
     np.random.set_state(
         (
             np_state["name"],
-            np_state["keys"].numpy().astype(np.uint32),
+            np_state["keys"].cpu().numpy().astype(np.uint32),
             np_state["pos"],
             np_state["has_gauss"],
             np_state["cached_gaussian"],
