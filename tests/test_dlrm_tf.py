@@ -213,6 +213,29 @@ def test_host_memory_tables_train_in_mixed_precision(overrides: dict, dataset: P
     assert result.final_metrics["precision"] == ("fp16" if "precision" in overrides else "bf16")
 
 
+def test_xla_with_host_memory_tables_on_a_gpu_is_refused_in_one_line(dataset: Path, tmp_path: Path,
+                                                                     monkeypatch) -> None:
+    """An XLA step on a GPU cannot read a variable on the host, so --xla with host-memory tables is refused there
+    before anything is built (the GPU is mocked: TensorFlow here is a CPU build; on the CPU the pair trains, above)."""
+    import tensorflow as tf
+
+    from models.dlrm_tf.config import parse_args
+    from models.dlrm_tf.train import train
+    from models.tfkit.cluster import start_worker
+
+    ctx = start_worker()
+    listed = tf.config.list_logical_devices
+    monkeypatch.setattr(tf.config, "list_logical_devices",
+                        lambda kind=None: [tf.config.LogicalDevice("/device:GPU:0", "GPU")] if kind == "GPU"
+                        else listed(kind))
+    cfg = parse_args(_argv(dataset, tmp_path, host_table_threshold_bytes=HOST_THRESHOLD, xla=True))
+    with pytest.raises(ValueError) as caught:
+        train(cfg, ctx)
+    line = str(caught.value)
+    assert "\n" not in line and "--xla with 2 embedding table(s) in host memory" in line and "drop --xla" in line
+    assert not list(tmp_path.iterdir())
+
+
 def test_a_run_that_cannot_finish_in_its_time_budget_stops_at_a_log_interval(dataset: Path, tmp_path: Path,
                                                                               monkeypatch) -> None:
     from models.common import time_budget

@@ -22,6 +22,7 @@ from models.common.evaluation import ClickEvalResult, evaluator_parser, write_ev
 from models.common.metrics import StreamingPredictions
 from models.dlrm_tf import data
 from models.dlrm_tf.model import DlrmTf, DlrmTfModelConfig, build_model
+from models.tfkit.cluster import use_device
 from models.tfkit.saving import MODEL_CONFIG_FILE, MODEL_WEIGHTS_FILE, KerasModelFiles
 from tasks.core.progress import RankLog
 from tasks.formats.feature_spec import FeatureSpec
@@ -37,17 +38,6 @@ def save_model(out_dir: Path, model: DlrmTf, train_config: dict[str, Any], step:
 
 read_model_config = MODEL_FILES.read_config  # model_config.json beside the weights, of this architecture
 load_model = MODEL_FILES.load  # rebuilt from model_config.json, weights loaded
-
-
-def hide_gpus() -> None:
-    """--device cpu: TensorFlow sees no GPU. Only possible before its runtime starts (a second trainer in one process,
-    as tests run, keeps the first one's devices)."""
-    try:
-        tf.config.set_visible_devices([], "GPU")
-    except RuntimeError:
-        if tf.config.list_logical_devices("GPU"):
-            print("[rank 0] --device cpu: TensorFlow's runtime already started with a GPU; it stays visible",
-                  flush=True)
 
 
 def make_predictor(model: DlrmTf, jit_compile: bool = False):
@@ -94,7 +84,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--batch_size", type=int, default=16384)
     parser.add_argument("--limit_batches", type=int, default=None, help="evaluate at most this many batches")
     parser.add_argument("--device", default="auto", choices=("cpu", "cuda", "auto"),
-                        help="cpu hides any GPU; auto/cuda: TensorFlow's placement")
+                        help="cpu hides any GPU; auto/cuda: TensorFlow's placement (models.tfkit.cluster.use_device)")
     parser.add_argument("--amp", action=argparse.BooleanOptionalAction, default=False,
                         help="accepted for the PyTorch evaluator's command line; scoring runs in fp32")
     parser.add_argument("--prefetch_depth", type=int, default=4)
@@ -103,8 +93,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> ClickEvalResult:
     args = parse_args(argv)
-    if args.device == "cpu":
-        hide_gpus()
+    use_device(args.device)
     log = RankLog(0)
     document = read_model_config(args.model_path)
     dataset_dir = Path(args.dataset_dir or document["train_config"]["dataset_dir"])

@@ -31,7 +31,7 @@ import tensorflow as tf
 
 from models.dlrm_tf import data
 from models.dlrm_tf.config import DlrmTfConfig, parse_args
-from models.dlrm_tf.evaluate import hide_gpus, make_predictor, predict_mapping, save_model
+from models.dlrm_tf.evaluate import make_predictor, predict_mapping, save_model
 from models.dlrm_tf.model import DlrmTf, DlrmTfModelConfig, build_model
 from models.dlrm_tf.steps import make_host_table_sync, make_train_step
 from models.common.checkpoint_clock import CheckpointClock
@@ -96,6 +96,11 @@ def _setup(cfg: DlrmTfConfig, ctx: WorkerContext) -> _Run:
         f"{model_cfg.embedding_dim} dims = {format_bytes(sum(model_cfg.table_bytes()))} (fp32); in host memory "
         f"(over {format_bytes(cfg.host_table_threshold_bytes)}): "
         + (", ".join(f"{i} ({format_bytes(model_cfg.table_bytes()[i])})" for i in host) if host else "none"))
+    if host and cfg.xla and tf.config.list_logical_devices("GPU"):
+        raise ValueError(f"--xla with {len(host)} embedding table(s) in host memory (over "
+                         f"--host_table_threshold_bytes {cfg.host_table_threshold_bytes:,}) on a GPU: an XLA step on "
+                         "the GPU cannot read variables on the host; drop --xla, or raise the threshold if the GPU "
+                         "holds the tables")
     keras.utils.set_random_seed(cfg.seed)
     precision = cfg.resolved_precision(bool(tf.config.list_logical_devices("GPU")))
     with ctx.strategy.scope():
@@ -235,7 +240,8 @@ def train(cfg: DlrmTfConfig, ctx: WorkerContext) -> TrainResult:
         resumed = run.state.resume(_run_description(run))
         run.step = resumed or 0
         run.saved_step = run.step if resumed is not None else -1
-        make_host_table_sync(run.model, ctx.strategy, ctx.is_chief)()
+        if ctx.is_distributed:
+            make_host_table_sync(run.model, ctx.strategy, ctx.is_chief)()
         run.log(f"training {run.total_steps} steps ({cfg.epochs} epochs x {run.steps_per_epoch}) of {cfg.batch_size} "
                 f"rows on {ctx.workers} worker(s) ({type(ctx.strategy).__name__}, "
                 f"{ctx.intra_op_threads or 'default'} intra-op threads), precision {run.precision}, xla {cfg.xla}, "
@@ -248,11 +254,7 @@ def train(cfg: DlrmTfConfig, ctx: WorkerContext) -> TrainResult:
 
 def main(argv: list[str] | None = None) -> TrainResult:
     cfg = parse_args(argv)
-    if cfg.device == "cpu":
-        hide_gpus()
-    elif cfg.device == "cuda" and not tf.config.list_physical_devices("GPU"):
-        raise RuntimeError("--device cuda, but TensorFlow sees no GPU (tensorflow-cpu, or no CUDA device)")
-    ctx = start_worker(cfg.intra_op_threads, cfg.inter_op_threads)  # before any other TF op
+    ctx = start_worker(cfg.intra_op_threads, cfg.inter_op_threads, device=cfg.device)  # before any other TF op
     return train(cfg, ctx)
 
 

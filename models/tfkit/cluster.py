@@ -19,6 +19,8 @@ from typing import Any
 
 import tensorflow as tf
 
+from tasks.core.gpus import unusable_gpus
+
 
 class ClusterConfigError(ValueError):
     """TF_CONFIG that does not describe a worker of a worker-only cluster."""
@@ -77,9 +79,32 @@ def configure_threads(intra_op: int = 0, inter_op: int = 0) -> tuple[int, int]:
             tf.config.threading.get_inter_op_parallelism_threads())
 
 
+def use_device(device: str) -> None:
+    """A trainer's or evaluator's --device, before TensorFlow's runtime starts: cpu hides any GPU; cuda needs a GPU
+    TensorFlow sees; auto uses one where TensorFlow sees it and refuses a node whose GPUs it cannot use
+    (tasks.core.gpus.unusable_gpus: tensorflow-cpu on a GPU node), as the PyTorch trainers do."""
+    if device == "cpu":
+        try:
+            tf.config.set_visible_devices([], "GPU")
+        except RuntimeError:  # a second run in one process, as tests do, keeps the first one's devices
+            if tf.config.list_logical_devices("GPU"):
+                print("[rank 0] --device cpu: TensorFlow's runtime already started with a GPU; it stays visible",
+                      flush=True)
+        return
+    if tf.config.list_physical_devices("GPU"):
+        return
+    if device == "cuda":
+        raise RuntimeError("--device cuda, but TensorFlow sees no GPU (tensorflow-cpu, or no CUDA device)")
+    why = unusable_gpus(f"TensorFlow {tf.__version__} (built with CUDA: {tf.test.is_built_with_cuda()})")
+    if why is not None:
+        raise RuntimeError(why)
+
+
 def start_worker(intra_op_threads: int = 0, inter_op_threads: int = 0,
-                 environ: Mapping[str, str] | None = None) -> WorkerContext:
-    """Threads, then the strategy, before any other TF op; call once at the start of a trainer's main."""
+                 environ: Mapping[str, str] | None = None, device: str = "auto") -> WorkerContext:
+    """The device (use_device), threads, then the strategy, before any other TF op; call once at the start of a
+    trainer's main."""
+    use_device(device)
     index, workers = read_tf_config(environ)
     intra, inter = configure_threads(intra_op_threads, inter_op_threads)
     if workers > 1:

@@ -17,6 +17,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from tasks.core.gpus import unusable_gpus
+
 
 @dataclass(frozen=True)
 class DistContext:
@@ -36,12 +38,19 @@ class DistContext:
 
 
 def select_device(preference: str, local_rank: int = 0) -> torch.device:
-    """'cpu', 'cuda' (error if absent) or 'auto' (CUDA when present); each local rank gets its own GPU."""
+    """'cpu', 'cuda' (error if absent) or 'auto' (CUDA when present); each local rank gets its own GPU. 'auto' on a
+    node whose GPUs torch cannot use (a CPU build of torch on a GPU node) is an error, not the CPU
+    (tasks.core.gpus.unusable_gpus): the launcher's memory preflight counted the GPUs."""
     if preference not in ("cpu", "cuda", "auto"):
         raise ValueError(f"device must be cpu, cuda or auto, not {preference!r}")
-    if preference == "cuda" and not torch.cuda.is_available():
-        raise RuntimeError("device 'cuda' requested but torch sees no CUDA device (CPU build or no driver)")
-    if preference == "cpu" or not torch.cuda.is_available():
+    if preference == "cpu":
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
+        if preference == "cuda":
+            raise RuntimeError("device 'cuda' requested but torch sees no CUDA device (CPU build or no driver)")
+        why = unusable_gpus(f"torch {torch.__version__} (CUDA {torch.version.cuda or 'none: a CPU build'})")
+        if why is not None:
+            raise RuntimeError(why)
         return torch.device("cpu")
     return torch.device("cuda", local_rank % torch.cuda.device_count())
 
@@ -155,6 +164,10 @@ def init_distributed(device_preference: str = "auto", timeout_minutes: int = 30)
     if world_size <= 1:
         return DistContext(rank=0, local_rank=0, world_size=1, device=device, backend=None)
     backend = backend_for(device)
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    if backend == "nccl" and local_world > torch.cuda.device_count():
+        raise RuntimeError(f"{local_world} processes on this node but torch sees {torch.cuda.device_count()} GPU(s): "
+                           "NCCL runs one process per GPU; lower nproc, or train on the CPU (device cpu)")
     if not dist.is_initialized():
         dist.init_process_group(
             backend=backend,

@@ -40,6 +40,30 @@ def has_gpu() -> bool:
     return _PROC_GPUS.is_dir() and any(_PROC_GPUS.iterdir())
 
 
+def hidden_by_environment(environ: Mapping[str, str] | None = None) -> bool:
+    """CUDA_VISIBLE_DEVICES hides every GPU: it is set and its first entry names none ("", "-1", "none"), as
+    users hide them to run on the CPU."""
+    environ = os.environ if environ is None else environ
+    visible = environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is None:
+        return False
+    first = visible.split(",")[0].strip()
+    return not (first.isdigit() or first.startswith(("GPU-", "MIG-")))
+
+
+def unusable_gpus(framework: str, environ: Mapping[str, str] | None = None) -> str | None:
+    """Why device 'auto' must not fall back to the CPU when `framework` (e.g. "torch 2.13.0+cpu") sees no GPU: the
+    driver lists GPUs on this node and CUDA_VISIBLE_DEVICES does not hide them (a CPU build of the framework, or a
+    CUDA build the driver does not support, would otherwise train a GPU-sized model on the CPU, many times slower,
+    until its time budget stops it). None where the CPU is what the node offers."""
+    if not has_gpu() or hidden_by_environment(environ):
+        return None
+    count = len(list(_PROC_GPUS.iterdir()))
+    return (f"device auto: the NVIDIA driver lists {count} GPU(s) on this node but {framework} sees none: install "
+            "the framework's CUDA build that matches the driver, or choose device cpu (or set "
+            "CUDA_VISIBLE_DEVICES=) to run on the CPU")
+
+
 def query_gpus(environ: Mapping[str, str]) -> tuple[list[Gpu] | None, str]:
     """(every GPU nvidia-smi lists, in its order; or None and why). A hung nvidia-smi (a faulted driver) is left
     behind after QUERY_TIMEOUT_S: the task does not wait for it."""

@@ -74,6 +74,26 @@ class ModelTooLarge(ValueError):
     bytes on both sides and what to lower or set."""
 
 
+class TooFewGpus(ValueError):
+    """More torchrun processes on a node than GPUs they see: NCCL runs one process per GPU (bad input: a retry
+    cannot help). One line naming both counts and what to lower."""
+
+
+def check_one_gpu_each(nproc: int, device: str, environ: Mapping[str, str] | None = None) -> None:
+    """Refuse (TooFewGpus) nproc torchrun processes that would train on fewer GPUs than nproc; the TensorFlow
+    workers may share one (tf_worker_envs). Unchecked where nvidia-smi cannot tell: the trainer checks again
+    (models.torchkit.distributed.init_distributed)."""
+    from tasks.core.gpus import has_gpu, hidden_by_environment, visible_gpus
+
+    if nproc <= 1 or device == "cpu" or (device == "auto" and (not has_gpu() or hidden_by_environment(environ))):
+        return
+    view, _ = visible_gpus(environ)
+    if view is not None and nproc > len(view.gpus):
+        raise TooFewGpus(f"nproc {nproc} GPU process(es) on this node, but they see {len(view.gpus)} GPU(s) "
+                         f"({', '.join(g.index for g in view.gpus)}): NCCL runs one process per GPU; lower nproc "
+                         f"to {len(view.gpus)}, or train on the CPU (device cpu)")
+
+
 @dataclass(frozen=True)
 class MemoryNeed:
     """The least memory a training job needs, by how it scales: `replicated` bytes in every process (dense layers,
@@ -112,7 +132,7 @@ def gpu_memory_bytes(nproc: int, environ: Mapping[str, str] | None = None) -> tu
 def node_memory_bytes(device: str, settings: Settings | None = None, nproc: int = 1) -> tuple[int | None, str]:
     """(bytes a training node may use, where that figure comes from): RECFLOW_TRAIN_MEMORY_BYTES when set, else the
     GPUs' memory for GPU training (gpu_memory_bytes), the host's MemAvailable for CPU training."""
-    from tasks.core.gpus import has_gpu
+    from tasks.core.gpus import has_gpu, hidden_by_environment
 
     if settings is None:
         from tasks.core.config import load_settings
@@ -120,7 +140,8 @@ def node_memory_bytes(device: str, settings: Settings | None = None, nproc: int 
         settings = load_settings()
     if settings.train_memory_bytes:
         return settings.train_memory_bytes, "RECFLOW_TRAIN_MEMORY_BYTES"
-    if device == "cuda" or (device == "auto" and has_gpu()):
+    if device == "cuda" or (device == "auto" and has_gpu() and not hidden_by_environment()):
+        # auto on a node with a visible GPU trains on it, or the trainer refuses (tasks.core.gpus.unusable_gpus)
         return gpu_memory_bytes(nproc)
     try:
         with open("/proc/meminfo") as f:
@@ -370,6 +391,7 @@ def train_with_torchrun(module: str, dataset_dir: Path, output_dir: Path, config
         inputs["nnodes"] = nodes.nnodes
     done = completed_manifest(output_dir, inputs)
     if done is None:
+        check_one_gpu_each(nproc, str(config.get("device", "auto")))
         if memory is not None:
             check_memory(memory, nproc, device=str(config.get("device", "auto")), nodes=nodes)
         full = {**config, "dataset_dir": str(dataset_dir), "output_dir": str(output_dir),

@@ -518,6 +518,80 @@ def test_tensorflow_workers_get_one_gpu_each(tmp_path: Path, monkeypatch) -> Non
     assert gpus.worker_devices(2, {}) is None and "CUDA_VISIBLE_DEVICES" not in tf_worker_envs(2, cores=2)[0]
 
 
+def test_auto_device_refuses_a_gpu_node_whose_gpus_the_framework_cannot_use(tmp_path: Path, monkeypatch) -> None:
+    """device auto on a node whose driver lists GPUs (mocked: this machine has none) but whose torch or TensorFlow
+    is a CPU build is one line, not a GPU-sized model trained on the CPU; the launcher's preflight counts the
+    GPUs then, and the host's memory where CUDA_VISIBLE_DEVICES hides them (the way to choose the CPU)."""
+    import tensorflow as tf
+    import torch
+
+    from models.tfkit.cluster import use_device
+    from models.torchkit.distributed import select_device
+    from tasks.core import gpus
+    from tasks.core.launch import node_memory_bytes
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # CPU builds (as here, or on a GPU machine)
+    monkeypatch.setattr(tf.config, "list_physical_devices", lambda kind=None: [])
+    proc = tmp_path / "proc-gpus"
+    for bus in ("0000:17:00.0", "0000:65:00.0"):
+        (proc / bus).mkdir(parents=True)
+    monkeypatch.setattr(gpus, "_PROC_GPUS", proc)
+    monkeypatch.delenv("RECFLOW_TRAIN_MEMORY_BYTES", raising=False)
+    monkeypatch.setenv("PATH", str(tmp_path / "no-nvidia-smi"))
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    with pytest.raises(RuntimeError) as caught:
+        select_device("auto")
+    _one_line(caught.value, "driver lists 2 GPU(s)", f"torch {torch.__version__}", "device cpu",
+              "CUDA_VISIBLE_DEVICES=")
+    with pytest.raises(RuntimeError, match="driver lists 2 GPU.s. on this node but TensorFlow"):
+        use_device("auto")
+    assert select_device("cpu") == torch.device("cpu")
+    assert node_memory_bytes("auto")[1].startswith("GPU memory (no nvidia-smi")
+    for hidden in ("", "-1", "none", " "):
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", hidden)
+        assert gpus.hidden_by_environment() and select_device("auto") == torch.device("cpu")
+        use_device("auto")
+        assert node_memory_bytes("auto")[1] == "MemAvailable in /proc/meminfo"
+    for visible in ("0", "1,0", "GPU-8b3c", "MIG-GPU-8b3c/1/0"):
+        assert not gpus.hidden_by_environment({"CUDA_VISIBLE_DEVICES": visible})
+    monkeypatch.setattr(gpus, "_PROC_GPUS", tmp_path / "none")  # a node without a GPU: auto is the CPU
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+    assert select_device("auto") == torch.device("cpu")
+    use_device("auto")
+
+
+def test_more_torchrun_processes_than_gpus_are_refused_before_launch(tmp_path: Path, monkeypatch, launches) -> None:
+    """NCCL runs one process per GPU (two ranks on one GPU stop with "Duplicate GPU detected" after the launch), so
+    the launcher refuses nproc above the GPUs nvidia-smi shows the processes (mocked: this machine has none), and
+    the train task does not retry that."""
+    from tasks.core import gpus
+    from tasks.core.config import load_settings
+    from tasks.core.launch import TooFewGpus, check_one_gpu_each
+    from tasks.criteo.dlrm import run_paths, train
+
+    path = _fake_nvidia_smi(tmp_path / "bin", "0, GPU-a, 81559, 81000, Disabled\n1, GPU-b, 81559, 81000, Disabled\n")
+    check_one_gpu_each(2, "cuda", {"PATH": path})
+    check_one_gpu_each(3, "cpu", {"PATH": path})
+    check_one_gpu_each(3, "cuda", {"PATH": str(tmp_path / "none")})  # unknown: the trainer checks
+    with pytest.raises(TooFewGpus) as caught:
+        check_one_gpu_each(2, "cuda", {"PATH": path, "CUDA_VISIBLE_DEVICES": "1"})
+    _one_line(caught.value, "nproc 2", "see 1 GPU(s) (1)", "lower nproc to 1", "device cpu")
+    monkeypatch.setattr(gpus, "_PROC_GPUS", tmp_path)  # a node whose driver lists GPUs: auto means them
+    (tmp_path / "0000:17:00.0").mkdir()
+    with pytest.raises(TooFewGpus):
+        check_one_gpu_each(3, "auto", {"PATH": path})
+    check_one_gpu_each(3, "auto", {"PATH": path, "CUDA_VISIBLE_DEVICES": ""})  # hidden: the CPU
+
+    monkeypatch.setenv("RECFLOW_DATA_ROOT", str(tmp_path / "data"))
+    monkeypatch.setenv("PATH", f"{path}:{os.environ['PATH']}")
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    settings = load_settings()
+    _dataset(run_paths(settings, "run1").dataset, [1000] * 26)
+    with pytest.raises(TooFewGpus):
+        train(settings, "run1", {**_criteo_run(nproc=4), "device": "cuda"})
+    assert launches == []
+
+
 def test_demo_model_passes_the_preflight_against_this_machine(tmp_path: Path) -> None:
     from tasks.core.launch import check_memory, node_memory_bytes
     from tasks.core.dlrm_knobs import dlrm_memory_need
