@@ -36,5 +36,17 @@ def test_gpu_image_pairs_fbgemm_gpu_with_its_torch() -> None:
     assert torchrec and torchrec.group(1) == fbgemm.group(1)
 
 
+def test_gpu_image_installs_tensorflows_cuda_build_of_the_pinned_release() -> None:
+    """device auto refuses a GPU node whose GPUs the framework cannot use, so the GPU image's TensorFlow must be
+    the CUDA build: requirements.txt's tensorflow-cpu release, its other pins kept as constraints."""
+    dockerfile = (REPO / "deploy" / "Dockerfile").read_text()
+    install = dockerfile[dockerfile.index("ARG FBGEMM_GPU_VERSION"):]
+    gpu_branch = install[install.index('*/cpu) ;;'):install.index("esac")]
+    assert "pip uninstall -y fbgemm_gpu-cpu tensorflow-cpu" in gpu_branch
+    assert "pip install --no-cache-dir -c requirements.txt" in gpu_branch
+    assert "\"tensorflow[and-cuda]==$(sed -n 's/^tensorflow-cpu==//p' requirements.txt)\"" in gpu_branch
+    assert re.search(r"^tensorflow-cpu==\d+\.\d+\.\d+$", (REPO / "requirements.txt").read_text(), re.MULTILINE)
+
+
 def test_pairing_rule() -> None:
     assert paired_torch_minor("1.8.0") == 13 and paired_torch_minor("1.6.0") == 11

@@ -89,3 +89,24 @@ def test_gate_lineage_and_publish_written_once_serve_a_pipeline(tmp_path):
     assert scored == [("run_2", published["uri"], 40)]  # the production version scored on run_2's own rows
     assert not second["passed"] and second["baseline_hit@5"] == 0.7
     assert json.loads((spec.run_paths(settings, "run_2").gate / "gate.json").read_text()) == second
+
+
+@pytest.mark.parametrize("dag_id", ["movielens_ncf", "outbrain_wide_deep"])
+def test_the_tensorflow_trainers_get_the_runs_device(dag_id, tmp_path, monkeypatch):
+    """The trigger form's device reaches NCF's and Wide & Deep's trainers (--device), as it does DLRM's: on a GPU
+    node whose TensorFlow cannot use the GPUs, device cpu is how a user trains there (models.tfkit.cluster)."""
+    import tasks.core.launch as launch
+    from tasks.core.config import load_settings
+    from tasks.core.profiles import resolve_knobs
+
+    steps = importlib.import_module(STEPS[dag_id])
+    profiles = importlib.import_module(STEPS[dag_id].rsplit(".", 1)[0] + ".profiles")
+    launched = []
+    monkeypatch.setattr(launch, "train_with_tf_workers",
+                        lambda module, data, out, config, **kw: launched.append(config))
+    monkeypatch.setenv("RECFLOW_DATA_ROOT", str(tmp_path))
+    knobs = resolve_knobs(profiles.KNOBS, profiles.PROFILES, "demo", {})
+    run = {"knobs": knobs, "workers": 1, "device": "cpu", "profile": "demo",
+           "window": {"snapshot": "s", "dataset": "d"}}
+    steps.train(load_settings(), "run1", run)
+    assert launched and launched[0]["device"] == "cpu"

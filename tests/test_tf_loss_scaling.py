@@ -31,22 +31,24 @@ with strategy.scope():
     optimizer.build([w, table])
 scale_before = float(optimizer.dynamic_scale.numpy())
 
-def replica_step(overflow_on):
+def replica_step(overflow_on, host_overflow_on):
     replica = tf.distribute.get_replica_context().replica_id_in_sync_group
     dense = tf.ones([3]) * tf.where(replica == overflow_on, float("inf"), 1.0)
     grads = [dense, tf.IndexedSlices(tf.ones([1, 2]), tf.constant([2]), tf.constant([5, 2]))]
-    if agree:
-        grads, _ = agree_on_finite(grads)
+    if agree:  # others_finite: this replica's verdict on gradients the optimizer does not apply (host tables)
+        grads, _ = agree_on_finite(grads, tf.not_equal(replica, host_overflow_on))
     optimizer.apply_gradients(zip(grads, [w, table]))
 
 @tf.function
-def step(overflow_on):
-    strategy.run(replica_step, args=(overflow_on,))
+def step(overflow_on, host_overflow_on=-1):
+    strategy.run(replica_step, args=(overflow_on, host_overflow_on))
 
 step(tf.constant(1))  # replica 1 overflows, replica 0 does not
 skipped = {"w": w.numpy().tolist(), "table": table.numpy().tolist(), "scale": float(optimizer.dynamic_scale.numpy())}
 step(tf.constant(-1))  # no replica overflows: the step applies
 applied = {"w": w.numpy().tolist()}
+step(tf.constant(-1), tf.constant(0))  # only replica 0's other gradients overflow: skipped, scale lowered
+applied["after_other_overflow"] = {"w": w.numpy().tolist(), "scale": float(optimizer.dynamic_scale.numpy())}
 # A sparse gradient of a table far too large to copy densely: checked on its values only
 huge = tf.IndexedSlices(tf.constant([[1.0, float("nan")]]), tf.constant([7]), tf.constant([1 << 34, 2], tf.int64))
 flags = [bool(optimizer.check_finite([huge])), bool(optimizer.check_finite([tf.IndexedSlices(
@@ -66,6 +68,8 @@ def test_replicas_skip_together_a_step_on_which_one_overflowed() -> None:
     assert agreed["skipped"]["w"] == [1.0, 1.0, 1.0] and agreed["skipped"]["table"] == [[1.0, 1.0]] * 5
     assert agreed["skipped"]["scale"] == agreed["scale_before"] / 2  # lowered once, as on one replica
     assert agreed["applied"]["w"] != [1.0, 1.0, 1.0]  # a finite step still trains
+    assert agreed["applied"]["after_other_overflow"] == {"w": agreed["applied"]["w"],
+                                                         "scale": agreed["skipped"]["scale"] / 2}
     assert agreed["flags"] == [False, True]  # a sparse gradient's values are checked, not a dense copy
     # Without the agreement, Keras took replica 0's "finite" and applied replica 1's overflow
     alone = _run("alone")

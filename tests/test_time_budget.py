@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 from models.common.time_budget import MIN_MEASURED_S, too_slow
 from tasks.core.dlrm_knobs import time_budget
-from tasks.core.launch import TrainingFailed, TrainingTooSlow, _training_failed
+from tasks.core.launch import CannotRunHere, TrainingFailed, TrainingTooSlow, _training_failed
 from tasks.dagkit.training import attempts_time_left
 
 
@@ -27,6 +27,8 @@ def test_the_launcher_fails_a_too_slow_run_without_retry_and_any_other_failure_w
     slow = _training_failed("training worker 1 of 2 exited 1",
                             "models.common.time_budget.TrainingTooSlowError: training too slow: at 10 samples/s ...")
     assert isinstance(slow, TrainingTooSlow) and str(slow) == "training too slow: at 10 samples/s ..."
+    refused = _training_failed("training exited 1", "cannot run here: 4 processes on this node but torch sees 2 GPU(s)")
+    assert isinstance(refused, CannotRunHere) and str(refused).startswith("cannot run here: 4 processes")
     other = _training_failed("training exited 1", "RuntimeError: CUDA out of memory")
     assert isinstance(other, TrainingFailed) and str(other) == "training exited 1: RuntimeError: CUDA out of memory"
 

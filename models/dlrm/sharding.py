@@ -191,18 +191,18 @@ def plain_key(key: str) -> str:
     return key
 
 
-_HOST_GROUPS: dict[int, Any] = {}  # NCCL world -> a gloo group over the same ranks, for host-memory transfers
+_HOST_GROUP: list[Any] = []  # [NCCL world, a gloo group over the same ranks] for host-memory transfers
 
 
 def _host_group(ctx: DistContext) -> Any:
     """A process group whose collectives take CPU tensors: the world itself on gloo, a gloo group of the same ranks
-    beside NCCL (made once, by every rank: new_group is collective)."""
+    beside NCCL (made once per world, by every rank: new_group is collective)."""
     if ctx.backend != "nccl":
         return None  # the default group
-    world = id(dist.GroupMember.WORLD)
-    if world not in _HOST_GROUPS:
-        _HOST_GROUPS[world] = dist.new_group(backend="gloo")
-    return _HOST_GROUPS[world]
+    world = dist.GroupMember.WORLD
+    if not _HOST_GROUP or _HOST_GROUP[0] is not world:  # a new world (destroyed and made again) gets its own
+        _HOST_GROUP[:] = [world, dist.new_group(backend="gloo")]
+    return _HOST_GROUP[1]
 
 
 def _region(full: torch.Tensor, offsets: tuple[int, ...], sizes: tuple[int, ...]) -> torch.Tensor:

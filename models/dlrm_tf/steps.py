@@ -61,7 +61,8 @@ def make_train_step(model: DlrmTf, optimizer: keras.optimizers.Optimizer, strate
         loss, mirrored_gradients, host_gradients = loss_and_gradients(inputs, labels)
         mirrored_finite = tf.constant(True)
         if loss_scaled:
-            mirrored_gradients, mirrored_finite = agree_on_finite(mirrored_gradients)
+            mirrored_gradients, mirrored_finite = agree_on_finite(mirrored_gradients,
+                                                                  all_finite(host_gradients) if host else None)
         if host:  # reads the loss scale before the optimizer updates it
             update_host_tables(host_gradients, lr, mirrored_finite)
         optimizer.apply_gradients(zip(mirrored_gradients, mirrored))

@@ -39,6 +39,7 @@ from models.common.time_budget import AGREED_TOO_SLOW, measured_too_slow, stop_i
 from models.tfkit.cluster import WorkerContext, barrier, start_worker, sum_over_workers
 from models.tfkit.precision import precision_policy, wrap_optimizer
 from models.tfkit.run_state import RunState, TrainResult, check_run_arguments, write_final_outputs
+from tasks.core.process import cannot_run_here
 from tasks.core.progress import ProgressMeter, RankLog, format_bytes, format_duration
 from tasks.formats.feature_spec import FeatureSpec
 
@@ -97,10 +98,10 @@ def _setup(cfg: DlrmTfConfig, ctx: WorkerContext) -> _Run:
         f"(over {format_bytes(cfg.host_table_threshold_bytes)}): "
         + (", ".join(f"{i} ({format_bytes(model_cfg.table_bytes()[i])})" for i in host) if host else "none"))
     if host and cfg.xla and tf.config.list_logical_devices("GPU"):
-        raise ValueError(f"--xla with {len(host)} embedding table(s) in host memory (over "
-                         f"--host_table_threshold_bytes {cfg.host_table_threshold_bytes:,}) on a GPU: an XLA step on "
-                         "the GPU cannot read variables on the host; drop --xla, or raise the threshold if the GPU "
-                         "holds the tables")
+        raise cannot_run_here(f"--xla with {len(host)} embedding table(s) in host memory (over "
+                              f"--host_table_threshold_bytes {cfg.host_table_threshold_bytes:,}) on a GPU: an XLA "
+                              "step on the GPU cannot read variables on the host; drop --xla, or raise the threshold "
+                              "if the GPU holds the tables")
     keras.utils.set_random_seed(cfg.seed)
     precision = cfg.resolved_precision(bool(tf.config.list_logical_devices("GPU")))
     with ctx.strategy.scope():

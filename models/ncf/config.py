@@ -41,6 +41,8 @@ class NcfConfig:
     eval_every: int = option(1, "evaluate every N epochs (the last epoch always)")
     users_per_eval_batch: int = option(5000, "users scored per evaluation batch (NVIDIA: 5000)")
     # execution
+    device: str = option("auto", "cpu (hides any GPU), cuda, or auto: a GPU where TensorFlow sees one "
+                                 "(models.tfkit.cluster.use_device)", choices=("auto", "cpu", "cuda"))
     precision: str = option("fp32", "fp32, bf16 (mixed) or fp16 (mixed, with loss scaling)",
                             choices=("fp32", "bf16", "fp16"))
     xla: bool = option(False, "compile the forward/backward step with XLA (jit_compile)")

@@ -153,7 +153,7 @@ def train(cfg: NcfConfig, ctx: WorkerContext) -> TrainResult:
 
 def main(argv: list[str] | None = None) -> TrainResult:
     cfg = parse_args(argv)
-    ctx = start_worker(cfg.intra_op_threads, cfg.inter_op_threads)  # before any other TF op
+    ctx = start_worker(cfg.intra_op_threads, cfg.inter_op_threads, device=cfg.device)  # before any other TF op
     return train(cfg, ctx)
 
 

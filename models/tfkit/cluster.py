@@ -20,6 +20,7 @@ from typing import Any
 import tensorflow as tf
 
 from tasks.core.gpus import unusable_gpus
+from tasks.core.process import cannot_run_here
 
 
 class ClusterConfigError(ValueError):
@@ -94,10 +95,10 @@ def use_device(device: str) -> None:
     if tf.config.list_physical_devices("GPU"):
         return
     if device == "cuda":
-        raise RuntimeError("--device cuda, but TensorFlow sees no GPU (tensorflow-cpu, or no CUDA device)")
+        raise cannot_run_here("--device cuda, but TensorFlow sees no GPU (tensorflow-cpu, or no CUDA device)")
     why = unusable_gpus(f"TensorFlow {tf.__version__} (built with CUDA: {tf.test.is_built_with_cuda()})")
     if why is not None:
-        raise RuntimeError(why)
+        raise cannot_run_here(why)
 
 
 def start_worker(intra_op_threads: int = 0, inter_op_threads: int = 0,

@@ -57,16 +57,22 @@ class SparseAwareLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
         return all_finite(list(grads))
 
 
-def agree_on_finite(gradients: list) -> tuple[list, tf.Tensor]:
+def agree_on_finite(gradients: list, others_finite: tf.Tensor | None = None) -> tuple[list, tf.Tensor]:
     """(gradients, finite on every replica), in a replica context (strategy.run), before a loss-scaled
     optimizer's apply: where any replica's gradients are not finite, every replica's smallest dense gradient is
     made NaN, so that all of them skip the step and lower the scale together (see the module's docstring). One
-    all-reduce of a scalar; nothing changes with one replica."""
+    all-reduce of a scalar. others_finite: this replica's verdict on gradients the optimizer does not apply (the
+    DLRM's host tables), counted the same way, so that their overflow also skips the step and lowers the scale."""
     context = tf.distribute.get_replica_context()
     finite = all_finite(gradients)
-    if context is None or context.num_replicas_in_sync == 1:
-        return gradients, finite
-    bad = context.all_reduce(tf.distribute.ReduceOp.SUM, tf.cast(tf.logical_not(finite), tf.float32)) > 0
+    if others_finite is not None:
+        finite = tf.logical_and(finite, others_finite)
+    replicas = 1 if context is None else context.num_replicas_in_sync
+    if replicas == 1 and others_finite is None:
+        return gradients, finite  # the optimizer's own check sees the same
+    bad = tf.logical_not(finite)
+    if replicas > 1:
+        bad = context.all_reduce(tf.distribute.ReduceOp.SUM, tf.cast(bad, tf.float32)) > 0
     dense = [i for i, g in enumerate(gradients) if g is not None and not isinstance(g, tf.IndexedSlices)]
     if not dense:
         raise ValueError("loss scaling over several replicas needs one dense gradient to mark a skipped step")

@@ -18,6 +18,7 @@ import torch
 import torch.distributed as dist
 
 from tasks.core.gpus import unusable_gpus
+from tasks.core.process import cannot_run_here
 
 
 @dataclass(frozen=True)
@@ -47,10 +48,10 @@ def select_device(preference: str, local_rank: int = 0) -> torch.device:
         return torch.device("cpu")
     if not torch.cuda.is_available():
         if preference == "cuda":
-            raise RuntimeError("device 'cuda' requested but torch sees no CUDA device (CPU build or no driver)")
+            raise cannot_run_here("device 'cuda' requested but torch sees no CUDA device (CPU build or no driver)")
         why = unusable_gpus(f"torch {torch.__version__} (CUDA {torch.version.cuda or 'none: a CPU build'})")
         if why is not None:
-            raise RuntimeError(why)
+            raise cannot_run_here(why)
         return torch.device("cpu")
     return torch.device("cuda", local_rank % torch.cuda.device_count())
 
@@ -166,8 +167,8 @@ def init_distributed(device_preference: str = "auto", timeout_minutes: int = 30)
     backend = backend_for(device)
     local_world = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
     if backend == "nccl" and local_world > torch.cuda.device_count():
-        raise RuntimeError(f"{local_world} processes on this node but torch sees {torch.cuda.device_count()} GPU(s): "
-                           "NCCL runs one process per GPU; lower nproc, or train on the CPU (device cpu)")
+        raise cannot_run_here(f"{local_world} processes on this node but torch sees {torch.cuda.device_count()} "
+                              "GPU(s): NCCL runs one process per GPU; lower nproc, or train on the CPU (device cpu)")
     if not dist.is_initialized():
         dist.init_process_group(
             backend=backend,

@@ -57,6 +57,8 @@ class WideDeepConfig:
     map_k: int = option(12, "k of MAP@k over displays")
     eval_every: int = option(1, "evaluate every N epochs (the last epoch always)")
     # execution
+    device: str = option("auto", "cpu (hides any GPU), cuda, or auto: a GPU where TensorFlow sees one "
+                                 "(models.tfkit.cluster.use_device)", choices=("auto", "cpu", "cuda"))
     precision: str = option("fp32", "fp32, or amp: mixed precision (bf16 on CPU, fp16 with loss scaling on GPU)",
                             choices=PRECISIONS)
     xla: bool = option(False, "compile the forward/backward step with XLA (jit_compile): --xla 1|0 or --[no-]xla")

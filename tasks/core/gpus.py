@@ -17,7 +17,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 QUERY_TIMEOUT_S = 30.0
+NONE_VISIBLE = "no GPU visible to the processes"
 _PROC_GPUS = Path("/proc/driver/nvidia/gpus")
+_DEVICE_NODE = Path("/dev/nvidiactl")  # present where this process may use the GPUs (a container given them)
 
 
 @dataclass(frozen=True)
@@ -36,8 +38,10 @@ class GpuView:
 
 
 def has_gpu() -> bool:
-    """The NVIDIA driver lists a GPU on this node (no CUDA library loaded)."""
-    return _PROC_GPUS.is_dir() and any(_PROC_GPUS.iterdir())
+    """The NVIDIA driver lists a GPU on this node and this process has its device nodes (no CUDA library loaded).
+    The driver's /proc entries show through into a container that was given no GPU (Docker without --gpus, a pod
+    without a GPU request); its /dev/nvidia* nodes do not."""
+    return _DEVICE_NODE.exists() and _PROC_GPUS.is_dir() and any(_PROC_GPUS.iterdir())
 
 
 def hidden_by_environment(environ: Mapping[str, str] | None = None) -> bool:
@@ -58,6 +62,10 @@ def unusable_gpus(framework: str, environ: Mapping[str, str] | None = None) -> s
     until its time budget stops it). None where the CPU is what the node offers."""
     if not has_gpu() or hidden_by_environment(environ):
         return None
+    if (environ if environ is not None else os.environ).get("CUDA_VISIBLE_DEVICES") is not None:
+        view, why = visible_gpus(environ)
+        if view is None and why == NONE_VISIBLE:  # e.g. an index past the node's GPUs: CUDA sees none either
+            return None
     count = len(list(_PROC_GPUS.iterdir()))
     return (f"device auto: the NVIDIA driver lists {count} GPU(s) on this node but {framework} sees none: install "
             "the framework's CUDA build that matches the driver, or choose device cpu (or set "
@@ -127,7 +135,7 @@ def visible_gpus(environ: Mapping[str, str] | None = None) -> tuple[GpuView | No
                 break  # CUDA ignores this entry and every one after it
             chosen.append(matches[0])
     if not chosen:
-        return None, "no GPU visible to the processes"
+        return None, NONE_VISIBLE
     return GpuView(chosen, certain=alike or pci_order or not by_index,
                    smallest=min(g.total for g in listed)), "nvidia-smi"
 

@@ -39,7 +39,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tasks.core.process import TOO_SLOW, ChildCommand, ProcessResult, run_streaming, run_streaming_group
+from tasks.core.process import (CANNOT_RUN_HERE, TOO_SLOW, ChildCommand, ProcessResult, run_streaming,
+                                run_streaming_group)
 from tasks.core.storage import Manifest, completed_manifest, read_manifest, write_manifest
 
 if TYPE_CHECKING:
@@ -61,11 +62,19 @@ class TrainingTooSlow(ValueError):
     for this deployment: a retry cannot help). One line: the rate, the time needed and the budget, what to change."""
 
 
+class CannotRunHere(ValueError):
+    """The training job cannot run on this node as configured (bad input: a retry cannot help): more torchrun
+    processes than GPUs, device auto on GPUs the framework cannot use, a flag the device cannot honour. Raised by
+    the launcher's checks, or from a trainer's CANNOT_RUN_HERE line. One line naming what to change."""
+
+
 def _training_failed(what: str, line: str) -> Exception:
     """The exception of a trainer that failed with `line` (its error line): TrainingTooSlow for models'
-    time-budget stop, TrainingFailed (retried) otherwise."""
+    time-budget stop, CannotRunHere for its refusal of the node, TrainingFailed (retried) otherwise."""
     if TOO_SLOW in line:
         return TrainingTooSlow(line[line.index(TOO_SLOW):])
+    if CANNOT_RUN_HERE in line:
+        return CannotRunHere(line[line.index(CANNOT_RUN_HERE):])
     return TrainingFailed(f"{what}: {line}")
 
 
@@ -74,13 +83,8 @@ class ModelTooLarge(ValueError):
     bytes on both sides and what to lower or set."""
 
 
-class TooFewGpus(ValueError):
-    """More torchrun processes on a node than GPUs they see: NCCL runs one process per GPU (bad input: a retry
-    cannot help). One line naming both counts and what to lower."""
-
-
 def check_one_gpu_each(nproc: int, device: str, environ: Mapping[str, str] | None = None) -> None:
-    """Refuse (TooFewGpus) nproc torchrun processes that would train on fewer GPUs than nproc; the TensorFlow
+    """Refuse (CannotRunHere) nproc torchrun processes that would train on fewer GPUs than nproc; the TensorFlow
     workers may share one (tf_worker_envs). Unchecked where nvidia-smi cannot tell: the trainer checks again
     (models.torchkit.distributed.init_distributed)."""
     from tasks.core.gpus import has_gpu, hidden_by_environment, visible_gpus
@@ -89,7 +93,7 @@ def check_one_gpu_each(nproc: int, device: str, environ: Mapping[str, str] | Non
         return
     view, _ = visible_gpus(environ)
     if view is not None and nproc > len(view.gpus):
-        raise TooFewGpus(f"nproc {nproc} GPU process(es) on this node, but they see {len(view.gpus)} GPU(s) "
+        raise CannotRunHere(f"nproc {nproc} GPU process(es) on this node, but they see {len(view.gpus)} GPU(s) "
                          f"({', '.join(g.index for g in view.gpus)}): NCCL runs one process per GPU; lower nproc "
                          f"to {len(view.gpus)}, or train on the CPU (device cpu)")
 
@@ -492,8 +496,9 @@ def train_with_tf_workers(module: str, dataset_dir: Path, output_dir: Path, conf
         started = time.time() - 1.0
         result = run_streaming_group(children, label=label)
         if not result.ok and not _accept_abort(result.results, output_dir, TF_MODEL_FILE, started, "training"):
-            # The chief's time-budget line names the cause, whichever worker exited first.
-            index = next((i for i, r in enumerate(result.results) if TOO_SLOW in r.last_error_line),
+            # The chief's time-budget line (or a refusal) names the cause, whichever worker exited first.
+            index = next((i for i, r in enumerate(result.results)
+                          if TOO_SLOW in r.last_error_line or CANNOT_RUN_HERE in r.last_error_line),
                          result.first_failed)
             failed = result.results[index]
             raise _training_failed(f"training worker {first + index} of {workers} exited {failed.returncode}",

@@ -35,6 +35,19 @@ ERROR_MARKER = "RECFLOW-ERROR:"  # recflow's jobs print their one-line failure r
 # A trainer's reason starts with this when its measured rate says the run cannot finish in its task's time
 # (models/common/time_budget.py); the launcher fails the task without retry (tasks.core.launch.TrainingTooSlow).
 TOO_SLOW = "training too slow:"
+# A trainer's reason starts with this when the job cannot run on its node as configured (device auto on GPUs the
+# framework cannot use, more NCCL processes than GPUs, a flag the device cannot honour): no retry either
+# (tasks.core.launch.CannotRunHere).
+CANNOT_RUN_HERE = "cannot run here:"
+
+
+def cannot_run_here(reason: str) -> RuntimeError:
+    """What a trainer raises when it cannot run on its node as configured. Its line is printed marked first, so the
+    launcher picks it up (and fails without retry) however the process then ends: under torchrun the last error
+    line is torchrun's own summary."""
+    line = f"{CANNOT_RUN_HERE} {reason}"
+    print(f"{ERROR_MARKER} {line}", flush=True)
+    return RuntimeError(line)
 
 # Variables a child never gets: Airflow's own secrets and connections, the deployment's root credentials, and
 # anything whose name says it holds one (AWS_SECRET_ACCESS_KEY, *_PASSWORD, *_TOKEN, ...).

@@ -60,10 +60,10 @@ def training_tasks(steps_module: str, *, record_failure: Callable[[dict], None],
 
     @task(**TRAIN_TASK)
     def train(run: dict, validated: dict, **context) -> dict:
-        from tasks.core.launch import ModelTooLarge, TooFewGpus, TrainingTooSlow
+        from tasks.core.launch import CannotRunHere, ModelTooLarge, TrainingTooSlow
 
         budget = attempts_time_left(context["ti"])  # a DLRM trainer stops early past it (dlrm_knobs.time_budget)
-        refused = fail_without_retry(ModelTooLarge, TooFewGpus, TrainingTooSlow)
+        refused = fail_without_retry(ModelTooLarge, CannotRunHere, TrainingTooSlow)
         return refused(spec().train)(settings(), context["run_id"], {**run, **budget})
 
     @task(**MODEL_TASK)

@@ -95,7 +95,8 @@ def train(settings: Settings, run_id: str, run: dict[str, Any]) -> dict[str, Any
     from tasks.core.launch import train_with_tf_workers
 
     return train_with_tf_workers(TRAIN_MODULE, dataset_dir(settings, run), run_paths(settings, run_id).train,
-                                 trainer_config(run["knobs"], run["workers"]), workers=run["workers"],
+                                 {**trainer_config(run["knobs"], run["workers"]), "device": run["device"]},
+                                 workers=run["workers"],
                                  label=f"train {run_id}")
 
 

@@ -518,6 +518,18 @@ def test_tensorflow_workers_get_one_gpu_each(tmp_path: Path, monkeypatch) -> Non
     assert gpus.worker_devices(2, {}) is None and "CUDA_VISIBLE_DEVICES" not in tf_worker_envs(2, cores=2)[0]
 
 
+def _fake_gpu_node(monkeypatch, tmp_path: Path, count: int) -> None:
+    """The driver's /proc listing of `count` GPUs and its device node (this machine has no GPU)."""
+    from tasks.core import gpus
+
+    proc = tmp_path / "proc-gpus"
+    for i in range(count):
+        (proc / f"0000:{0x17 + i:02x}:00.0").mkdir(parents=True)
+    (tmp_path / "nvidiactl").touch()
+    monkeypatch.setattr(gpus, "_PROC_GPUS", proc)
+    monkeypatch.setattr(gpus, "_DEVICE_NODE", tmp_path / "nvidiactl")
+
+
 def test_auto_device_refuses_a_gpu_node_whose_gpus_the_framework_cannot_use(tmp_path: Path, monkeypatch) -> None:
     """device auto on a node whose driver lists GPUs (mocked: this machine has none) but whose torch or TensorFlow
     is a CPU build is one line, not a GPU-sized model trained on the CPU; the launcher's preflight counts the
@@ -532,10 +544,7 @@ def test_auto_device_refuses_a_gpu_node_whose_gpus_the_framework_cannot_use(tmp_
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # CPU builds (as here, or on a GPU machine)
     monkeypatch.setattr(tf.config, "list_physical_devices", lambda kind=None: [])
-    proc = tmp_path / "proc-gpus"
-    for bus in ("0000:17:00.0", "0000:65:00.0"):
-        (proc / bus).mkdir(parents=True)
-    monkeypatch.setattr(gpus, "_PROC_GPUS", proc)
+    _fake_gpu_node(monkeypatch, tmp_path, 2)
     monkeypatch.delenv("RECFLOW_TRAIN_MEMORY_BYTES", raising=False)
     monkeypatch.setenv("PATH", str(tmp_path / "no-nvidia-smi"))
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
@@ -554,10 +563,19 @@ def test_auto_device_refuses_a_gpu_node_whose_gpus_the_framework_cannot_use(tmp_
         assert node_memory_bytes("auto")[1] == "MemAvailable in /proc/meminfo"
     for visible in ("0", "1,0", "GPU-8b3c", "MIG-GPU-8b3c/1/0"):
         assert not gpus.hidden_by_environment({"CUDA_VISIBLE_DEVICES": visible})
-    monkeypatch.setattr(gpus, "_PROC_GPUS", tmp_path / "none")  # a node without a GPU: auto is the CPU
-    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+    # An index past the node's GPUs hides them all from CUDA too (nvidia-smi tells)
+    smi = _fake_nvidia_smi(tmp_path / "bin", "0, GPU-a, 81559, 81000, Disabled\n1, GPU-b, 81559, 81000, Disabled\n")
+    monkeypatch.setenv("PATH", smi)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4")
     assert select_device("auto") == torch.device("cpu")
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+    # A container given no GPU sees the driver's /proc entries but not its device nodes: the CPU, as on a GPU-less node
+    monkeypatch.setattr(gpus, "_DEVICE_NODE", tmp_path / "no-device-node")
+    assert not gpus.has_gpu() and select_device("auto") == torch.device("cpu")
     use_device("auto")
+    assert node_memory_bytes("auto")[1] == "MemAvailable in /proc/meminfo"
+    monkeypatch.setattr(gpus, "_PROC_GPUS", tmp_path / "none")
+    assert select_device("auto") == torch.device("cpu")
 
 
 def test_more_torchrun_processes_than_gpus_are_refused_before_launch(tmp_path: Path, monkeypatch, launches) -> None:
@@ -566,19 +584,18 @@ def test_more_torchrun_processes_than_gpus_are_refused_before_launch(tmp_path: P
     the train task does not retry that."""
     from tasks.core import gpus
     from tasks.core.config import load_settings
-    from tasks.core.launch import TooFewGpus, check_one_gpu_each
+    from tasks.core.launch import CannotRunHere, check_one_gpu_each
     from tasks.criteo.dlrm import run_paths, train
 
     path = _fake_nvidia_smi(tmp_path / "bin", "0, GPU-a, 81559, 81000, Disabled\n1, GPU-b, 81559, 81000, Disabled\n")
     check_one_gpu_each(2, "cuda", {"PATH": path})
     check_one_gpu_each(3, "cpu", {"PATH": path})
     check_one_gpu_each(3, "cuda", {"PATH": str(tmp_path / "none")})  # unknown: the trainer checks
-    with pytest.raises(TooFewGpus) as caught:
+    with pytest.raises(CannotRunHere) as caught:
         check_one_gpu_each(2, "cuda", {"PATH": path, "CUDA_VISIBLE_DEVICES": "1"})
     _one_line(caught.value, "nproc 2", "see 1 GPU(s) (1)", "lower nproc to 1", "device cpu")
-    monkeypatch.setattr(gpus, "_PROC_GPUS", tmp_path)  # a node whose driver lists GPUs: auto means them
-    (tmp_path / "0000:17:00.0").mkdir()
-    with pytest.raises(TooFewGpus):
+    _fake_gpu_node(monkeypatch, tmp_path, 1)  # a node whose driver lists GPUs: auto means them
+    with pytest.raises(CannotRunHere):
         check_one_gpu_each(3, "auto", {"PATH": path})
     check_one_gpu_each(3, "auto", {"PATH": path, "CUDA_VISIBLE_DEVICES": ""})  # hidden: the CPU
 
@@ -587,9 +604,26 @@ def test_more_torchrun_processes_than_gpus_are_refused_before_launch(tmp_path: P
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     settings = load_settings()
     _dataset(run_paths(settings, "run1").dataset, [1000] * 26)
-    with pytest.raises(TooFewGpus):
+    with pytest.raises(CannotRunHere):
         train(settings, "run1", {**_criteo_run(nproc=4), "device": "cuda"})
     assert launches == []
+
+
+def test_a_trainer_that_cannot_run_on_its_node_fails_the_task_without_retry(tmp_path: Path, monkeypatch) -> None:
+    """A refusal inside the trainer (here device cuda on this machine's CPU torch, launched by torchrun for real)
+    reaches the task as CannotRunHere, which the train task does not retry, with the trainer's one line."""
+    from tasks.core.config import load_settings
+    from tasks.core.launch import CannotRunHere
+    from tasks.criteo.dlrm import run_paths, train
+
+    monkeypatch.setenv("RECFLOW_DATA_ROOT", str(tmp_path))
+    monkeypatch.setenv("PATH", f"{tmp_path / 'no-nvidia-smi'}:{os.environ['PATH']}")
+    monkeypatch.delenv("RECFLOW_TRAIN_MEMORY_BYTES", raising=False)
+    settings = load_settings()
+    _dataset(run_paths(settings, "run1").dataset, [1000] * 26)
+    with pytest.raises(CannotRunHere) as caught:
+        train(settings, "run1", {**_criteo_run(), "device": "cuda"})
+    _one_line(caught.value, "cannot run here: device 'cuda' requested but torch sees no CUDA device")
 
 
 def test_demo_model_passes_the_preflight_against_this_machine(tmp_path: Path) -> None:
