@@ -1,11 +1,12 @@
 """fp16 loss scaling over several replicas (models.tfkit.precision): every replica skips a step on which any of them
-overflowed. Two replicas on two logical CPUs of one process (MirroredStrategy: the decision logic of
+overflowed; and the DLRM's host-memory tables synced across workers (models.dlrm_tf.steps). Two replicas on two logical CPUs of one process (MirroredStrategy: the decision logic of
 MultiWorkerMirroredStrategy's workers, whose divergence would hang the job instead of corrupting it); TensorFlow's
 devices are fixed when its runtime starts, so the check runs in a child process."""
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -74,3 +75,40 @@ def test_replicas_skip_together_a_step_on_which_one_overflowed() -> None:
     # Without the agreement, Keras took replica 0's "finite" and applied replica 1's overflow
     alone = _run("alone")
     assert alone["skipped"]["w"] != [1.0, 1.0, 1.0]
+
+
+SYNC_SCRIPT = r'''
+import json, os
+os.environ["TF_CPP_MIN_LOG_LEVEL"] = "2"
+import keras
+import tensorflow as tf
+from models.dlrm_tf.model import HOST_DEVICE
+from models.dlrm_tf.steps import make_host_table_sync
+from models.tfkit.cluster import start_worker
+
+ctx = start_worker(device="cpu")
+with tf.device(HOST_DEVICE):  # a plain per-worker variable, as a host table is: each worker starts with its own
+    table = keras.Variable(tf.fill([10, 4], float(ctx.index + 1)), name="table")
+
+class Model:
+    def host_table_variables(self):
+        return [table]
+
+make_host_table_sync(Model(), ctx.strategy, chunk_bytes=3 * 4 * 4)()  # 3 rows per all-reduce: 4 slices
+print(json.dumps({"worker": ctx.index, "table": table.value.numpy().tolist()}))
+'''
+
+
+def test_host_tables_of_every_worker_become_the_chiefs_slice_by_slice() -> None:
+    """Two real MultiWorkerMirroredStrategy workers (localhost) whose host tables differ end with the chief's,
+    synced in row slices (a whole table would be staged on a GPU at once)."""
+    from tasks.core.launch import free_port, tf_worker_envs
+
+    envs = tf_worker_envs(2, ports=[free_port(), free_port()], cores=2)
+    procs = [subprocess.Popen([sys.executable, "-c", SYNC_SCRIPT], cwd=REPO, env={**os.environ, **env},
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for env in envs]
+    outputs = [proc.communicate(timeout=300) for proc in procs]
+    for proc, (out, err) in zip(procs, outputs):
+        assert proc.returncode == 0, err[-3000:]
+    tables = {doc["worker"]: doc["table"] for doc in (json.loads(out.strip().splitlines()[-1]) for out, _ in outputs)}
+    assert tables == {0: [[1.0] * 4] * 10, 1: [[1.0] * 4] * 10}

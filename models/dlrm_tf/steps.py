@@ -77,23 +77,37 @@ def make_train_step(model: DlrmTf, optimizer: keras.optimizers.Optimizer, strate
     return train_step
 
 
-def make_host_table_sync(model: DlrmTf, strategy: tf.distribute.Strategy, is_chief: bool):
-    """A function that overwrites every worker's host-memory tables with the chief's (a sum where only the chief
-    contributes); a no-op without host tables. Called after building or restoring on several workers, so all of
-    them start equal."""
-    host = model.host_table_variables()
-    weight = tf.constant(1.0 if is_chief else 0.0)
+SYNC_CHUNK_BYTES = 64 << 20  # of a host table per all-reduce: what the sync stages on a replica's device at a time
 
-    def replica_sync():
+
+def make_host_table_sync(model: DlrmTf, strategy: tf.distribute.Strategy, chunk_bytes: int = SYNC_CHUNK_BYTES):
+    """A function that overwrites every worker's host-memory tables with replica 0's (the chief's; a sum to which
+    only it contributes); a no-op without host tables. Called after building or restoring on several workers, so
+    all of them start equal.
+
+    In row slices of about `chunk_bytes`: MultiWorkerMirroredStrategy stages an all-reduce's operand on the
+    replica's device, and a host table is there because it does not fit a GPU."""
+    host = model.host_table_variables()
+
+    def replica_sync(variable: Any, start: tf.Tensor, rows: int) -> tf.Tensor:
         ctx = tf.distribute.get_replica_context()
-        for variable in host:
-            with tf.device(HOST_DEVICE):  # a host table is too big for the replica's GPU: not a copy there
-                contribution = _raw(variable) * weight
-            _raw(variable).assign(ctx.all_reduce(tf.distribute.ReduceOp.SUM, contribution))
+        with tf.device(HOST_DEVICE):
+            weight = tf.cast(tf.equal(ctx.replica_id_in_sync_group, 0), _raw(variable).dtype)
+            contribution = _raw(variable)[start:start + rows] * weight
+        summed = ctx.all_reduce(tf.distribute.ReduceOp.SUM, contribution)
+        with tf.device(HOST_DEVICE):
+            _raw(variable)[start:start + rows].assign(summed)
         return tf.constant(0.0)
 
     @tf.function
-    def sync():
-        strategy.run(replica_sync)
+    def sync_slice(index: int, start: tf.Tensor, rows: int) -> None:
+        strategy.run(replica_sync, args=(host[index], start, rows))
+
+    def sync() -> None:
+        for index, variable in enumerate(host):
+            total, dim = _raw(variable).shape
+            step = max(1, chunk_bytes // (dim * _raw(variable).dtype.size))
+            for start in range(0, total, step):
+                sync_slice(index, tf.constant(start, tf.int64), min(step, total - start))
 
     return sync if host else (lambda: None)

@@ -242,7 +242,7 @@ def train(cfg: DlrmTfConfig, ctx: WorkerContext) -> TrainResult:
         run.step = resumed or 0
         run.saved_step = run.step if resumed is not None else -1
         if ctx.is_distributed:
-            make_host_table_sync(run.model, ctx.strategy, ctx.is_chief)()
+            make_host_table_sync(run.model, ctx.strategy)()
         run.log(f"training {run.total_steps} steps ({cfg.epochs} epochs x {run.steps_per_epoch}) of {cfg.batch_size} "
                 f"rows on {ctx.workers} worker(s) ({type(ctx.strategy).__name__}, "
                 f"{ctx.intra_op_threads or 'default'} intra-op threads), precision {run.precision}, xla {cfg.xla}, "
