@@ -24,6 +24,7 @@ from models.torchkit.distributed import (amp_dtype, autocast_context, backend_fo
 from models.dlrm import evaluate
 from models.dlrm.config import DlrmConfig
 from models.dlrm.model import Dlrm
+from models.dlrm.sharding import fbgemm_gpu_available
 from models.dlrm.synthetic import make_synthetic_dataset
 from models.dlrm.train import lr_factor, main, make_scheduler, parse_args
 from tests.servers import free_port
@@ -326,7 +327,8 @@ def test_cuda_batches_copied_ahead_train_as_batches_copied_in_line(dataset: Path
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-@pytest.mark.parametrize("sharding", ["data_parallel", "table_wise"])
+@pytest.mark.parametrize("sharding", ["data_parallel", pytest.param("table_wise", marks=pytest.mark.skipif(
+    not fbgemm_gpu_available(), reason="TorchRec's tables on CUDA need fbgemm-gpu"))])
 def test_cuda_run_resumes_from_its_last_checkpoint(dataset: Path, tmp_path: Path, sharding: str) -> None:
     """A retried GPU run loads its checkpoint onto the CPU and copies what each rank holds (its RNG states, saved
     as CPU tensors, included), so a sharded run's rank never holds the whole model on its GPU."""
