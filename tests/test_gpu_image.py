@@ -43,9 +43,19 @@ def test_gpu_image_installs_tensorflows_cuda_build_of_the_pinned_release() -> No
     install = dockerfile[dockerfile.index("ARG FBGEMM_GPU_VERSION"):]
     gpu_branch = install[install.index('*/cpu) ;;'):install.index("esac")]
     assert "pip uninstall -y fbgemm_gpu-cpu tensorflow-cpu" in gpu_branch
-    assert "pip install --no-cache-dir -c requirements.txt" in gpu_branch
+    assert "pip install --no-cache-dir -c /tmp/requirements-but-torch.txt" in gpu_branch
     assert "\"tensorflow[and-cuda]==$(sed -n 's/^tensorflow-cpu==//p' requirements.txt)\"" in gpu_branch
     assert re.search(r"^tensorflow-cpu==\d+\.\d+\.\d+$", (REPO / "requirements.txt").read_text(), re.MULTILINE)
+
+
+def test_the_pins_are_installed_around_the_images_own_torch() -> None:
+    """requirements.txt pins the CPU wheel (+cpu), which the GPU image's CUDA torch does not satisfy and PyPI does
+    not serve: the image installs every other pin, with torch taken from TORCH_INDEX first."""
+    assert re.search(r"^torch==\S+\+cpu$", (REPO / "requirements.txt").read_text(), re.MULTILINE)
+    dockerfile = (REPO / "deploy" / "Dockerfile").read_text()
+    torch_first = dockerfile.index('--index-url "$TORCH_INDEX" torch==')
+    assert "grep -v '^torch==' requirements.txt > /tmp/requirements-but-torch.txt" in dockerfile[torch_first:]
+    assert "-r /tmp/requirements-but-torch.txt" in dockerfile and "-r requirements.txt" not in dockerfile
 
 
 def test_pairing_rule() -> None:

@@ -9,6 +9,8 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
+import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -105,10 +107,24 @@ def test_host_tables_of_every_worker_become_the_chiefs_slice_by_slice() -> None:
     from tasks.core.launch import free_port, tf_worker_envs
 
     envs = tf_worker_envs(2, ports=[free_port(), free_port()], cores=2)
+    logs = [tempfile.TemporaryFile("w+") for _ in envs]  # files, not pipes: a worker never blocks on its output
     procs = [subprocess.Popen([sys.executable, "-c", SYNC_SCRIPT], cwd=REPO, env={**os.environ, **env},
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for env in envs]
-    outputs = [proc.communicate(timeout=300) for proc in procs]
-    for proc, (out, err) in zip(procs, outputs):
-        assert proc.returncode == 0, err[-3000:]
+                              stdout=log, stderr=subprocess.STDOUT, text=True) for env, log in zip(envs, logs)]
+    try:
+        deadline = time.monotonic() + 300
+        # One worker that dies (e.g. its port taken meanwhile) leaves the other in a collective without a timeout.
+        while any(p.poll() is None for p in procs) and not any(p.returncode for p in procs):
+            assert time.monotonic() < deadline, "the workers did not finish in 300 s"
+            time.sleep(0.2)
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait()
+    outputs = []
+    for proc, log in zip(procs, logs):
+        log.seek(0)
+        outputs.append((log.read(), ""))
+        assert proc.returncode == 0, outputs[-1][0][-3000:]
     tables = {doc["worker"]: doc["table"] for doc in (json.loads(out.strip().splitlines()[-1]) for out, _ in outputs)}
     assert tables == {0: [[1.0] * 4] * 10, 1: [[1.0] * 4] * 10}

@@ -91,9 +91,9 @@ def make_host_table_sync(model: DlrmTf, strategy: tf.distribute.Strategy, chunk_
 
     def replica_sync(variable: Any, start: tf.Tensor, rows: int) -> tf.Tensor:
         ctx = tf.distribute.get_replica_context()
-        with tf.device(HOST_DEVICE):
-            weight = tf.cast(tf.equal(ctx.replica_id_in_sync_group, 0), _raw(variable).dtype)
-            contribution = _raw(variable)[start:start + rows] * weight
+        with tf.device(HOST_DEVICE):  # not a multiply: 0 x a non-chief's inf would be NaN in the sum
+            piece = _raw(variable)[start:start + rows]
+            contribution = tf.where(tf.equal(ctx.replica_id_in_sync_group, 0), piece, tf.zeros_like(piece))
         summed = ctx.all_reduce(tf.distribute.ReduceOp.SUM, contribution)
         with tf.device(HOST_DEVICE):
             _raw(variable)[start:start + rows].assign(summed)

@@ -26,6 +26,7 @@ from models.common.evaluation import MetricsEvalResult, evaluator_parser, write_
 from models.ncf.data import RankingSeries, load_mapping, ranking_series, read_spec
 from models.ncf.metrics import RankingMetrics, random_baseline
 from models.ncf.model import NeuMF, NeuMFConfig, build_model
+from models.tfkit.cluster import use_device
 from models.tfkit.saving import MODEL_CONFIG_FILE, MODEL_WEIGHTS_FILE, KerasModelFiles
 from tasks.core.progress import RankLog
 
@@ -113,12 +114,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         dataset_help="dataset directory (default: the one the model trained on)",
         mapping_help="source_spec mapping of [positive, negatives] series")
     parser.add_argument("--topk", type=int, default=10)
+    parser.add_argument("--device", default="auto", choices=("cpu", "cuda", "auto"),
+                        help="cpu hides any GPU; auto/cuda: TensorFlow's placement (models.tfkit.cluster.use_device)")
     parser.add_argument("--users_per_batch", type=int, default=5000)
     return parser.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> MetricsEvalResult:
     args = parse_args(argv)
+    use_device(args.device)
     log = RankLog(0)
     document = read_model_config(args.model_path)
     dataset_dir = Path(args.dataset_dir or document["train_config"]["dataset_dir"])

@@ -19,7 +19,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from tasks.core.gpus import unusable_gpus
+from tasks.core.gpus import check_usable
 from tasks.core.process import cannot_run_here
 
 
@@ -83,7 +83,7 @@ def configure_threads(intra_op: int = 0, inter_op: int = 0) -> tuple[int, int]:
 def use_device(device: str) -> None:
     """A trainer's or evaluator's --device, before TensorFlow's runtime starts: cpu hides any GPU; cuda needs a GPU
     TensorFlow sees; auto uses one where TensorFlow sees it and refuses a node whose GPUs it cannot use
-    (tasks.core.gpus.unusable_gpus: tensorflow-cpu on a GPU node), as the PyTorch trainers do."""
+    (tasks.core.gpus.check_usable: tensorflow-cpu on a GPU node), as the PyTorch trainers do."""
     if device == "cpu":
         try:
             tf.config.set_visible_devices([], "GPU")
@@ -96,9 +96,7 @@ def use_device(device: str) -> None:
         return
     if device == "cuda":
         raise cannot_run_here("--device cuda, but TensorFlow sees no GPU (tensorflow-cpu, or no CUDA device)")
-    why = unusable_gpus(f"TensorFlow {tf.__version__} (built with CUDA: {tf.test.is_built_with_cuda()})")
-    if why is not None:
-        raise cannot_run_here(why)
+    check_usable(f"TensorFlow {tf.__version__}", cpu_build=not tf.test.is_built_with_cuda())
 
 
 def start_worker(intra_op_threads: int = 0, inter_op_threads: int = 0,

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from tasks.core.gpus import unusable_gpus
+from tasks.core.gpus import check_usable
 from tasks.core.process import cannot_run_here
 
 
@@ -41,7 +41,7 @@ class DistContext:
 def select_device(preference: str, local_rank: int = 0) -> torch.device:
     """'cpu', 'cuda' (error if absent) or 'auto' (CUDA when present); each local rank gets its own GPU. 'auto' on a
     node whose GPUs torch cannot use (a CPU build of torch on a GPU node) is an error, not the CPU
-    (tasks.core.gpus.unusable_gpus): the launcher's memory preflight counted the GPUs."""
+    (tasks.core.gpus.check_usable): the launcher's memory preflight counted the GPUs."""
     if preference not in ("cpu", "cuda", "auto"):
         raise ValueError(f"device must be cpu, cuda or auto, not {preference!r}")
     if preference == "cpu":
@@ -49,9 +49,7 @@ def select_device(preference: str, local_rank: int = 0) -> torch.device:
     if not torch.cuda.is_available():
         if preference == "cuda":
             raise cannot_run_here("device 'cuda' requested but torch sees no CUDA device (CPU build or no driver)")
-        why = unusable_gpus(f"torch {torch.__version__} (CUDA {torch.version.cuda or 'none: a CPU build'})")
-        if why is not None:
-            raise cannot_run_here(why)
+        check_usable(f"torch {torch.__version__}", cpu_build=torch.version.cuda is None)
         return torch.device("cpu")
     return torch.device("cuda", local_rank % torch.cuda.device_count())
 

@@ -23,6 +23,7 @@ import tensorflow as tf
 
 from models.common.evaluation import MetricsEvalResult, evaluator_parser, write_eval_metrics
 from models.common.metrics import StreamingPredictions
+from models.tfkit.cluster import use_device
 from models.tfkit.saving import MODEL_CONFIG_FILE, MODEL_WEIGHTS_FILE, KerasModelFiles
 from models.wide_deep.data import WideDeepSpec, make_dataset, read_spec
 from models.wide_deep.metrics import MapAccumulator
@@ -92,12 +93,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         dataset_help="tfrecords directory (default: the one trained on)",
         mapping_help="source_spec mapping with display_id (the map channel)")
     parser.add_argument("--map_k", type=int, default=12)
+    parser.add_argument("--device", default="auto", choices=("cpu", "cuda", "auto"),
+                        help="cpu hides any GPU; auto/cuda: TensorFlow's placement (models.tfkit.cluster.use_device)")
     parser.add_argument("--eval_batch_size", type=int, default=131072)
     return parser.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> MetricsEvalResult:
     args = parse_args(argv)
+    use_device(args.device)
     log = RankLog(0)
     document = read_model_config(args.model_path)
     dataset_dir = Path(args.dataset_dir or document["train_config"]["dataset_dir"])

@@ -19,7 +19,7 @@ from pathlib import Path
 QUERY_TIMEOUT_S = 30.0
 NONE_VISIBLE = "no GPU visible to the processes"
 _PROC_GPUS = Path("/proc/driver/nvidia/gpus")
-_DEVICE_NODE = Path("/dev/nvidiactl")  # present where this process may use the GPUs (a container given them)
+_DEV = Path("/dev")  # nvidiactl and nvidia<N>: what a process given GPUs can open
 
 
 @dataclass(frozen=True)
@@ -38,10 +38,19 @@ class GpuView:
 
 
 def has_gpu() -> bool:
-    """The NVIDIA driver lists a GPU on this node and this process has its device nodes (no CUDA library loaded).
-    The driver's /proc entries show through into a container that was given no GPU (Docker without --gpus, a pod
-    without a GPU request); its /dev/nvidia* nodes do not."""
-    return _DEVICE_NODE.exists() and _PROC_GPUS.is_dir() and any(_PROC_GPUS.iterdir())
+    """The NVIDIA driver lists a GPU on this node and this process may use one (no CUDA library loaded): the
+    driver's /proc entries show through into a container given no GPU (Docker without --gpus, a pod without a GPU
+    request), which has no /dev/nvidiactl; a Slurm job without GPUs has the device nodes, but its cgroup refuses to
+    open them."""
+    if not ((_DEV / "nvidiactl").exists() and _PROC_GPUS.is_dir() and any(_PROC_GPUS.iterdir())):
+        return False
+    for node in sorted(_DEV.glob("nvidia[0-9]*")):
+        try:
+            os.close(os.open(node, os.O_RDWR))
+            return True
+        except OSError:
+            continue
+    return False
 
 
 def hidden_by_environment(environ: Mapping[str, str] | None = None) -> bool:
@@ -55,21 +64,33 @@ def hidden_by_environment(environ: Mapping[str, str] | None = None) -> bool:
     return not (first.isdigit() or first.startswith(("GPU-", "MIG-")))
 
 
-def unusable_gpus(framework: str, environ: Mapping[str, str] | None = None) -> str | None:
-    """Why device 'auto' must not fall back to the CPU when `framework` (e.g. "torch 2.13.0+cpu") sees no GPU: the
-    driver lists GPUs on this node and CUDA_VISIBLE_DEVICES does not hide them (a CPU build of the framework, or a
-    CUDA build the driver does not support, would otherwise train a GPU-sized model on the CPU, many times slower,
-    until its time budget stops it). None where the CPU is what the node offers."""
+def check_usable(framework: str, cpu_build: bool, environ: Mapping[str, str] | None = None) -> None:
+    """Refuse device 'auto' falling back to the CPU when `framework` (e.g. "torch 2.13.0+cpu") sees no GPU on a node
+    that offers this process GPUs (has_gpu, not hidden by CUDA_VISIBLE_DEVICES): a GPU-sized model would otherwise
+    train on the CPU, many times slower, until its time budget stops it. A CPU build, or CUDA_VISIBLE_DEVICES naming
+    none of the node's GPUs, is the deployment's to fix: cannot_run_here (no retry). A CUDA build that cannot start
+    CUDA (a driver too old for it, GPUs not ready yet) may recover: a plain error, retried."""
+    from tasks.core.process import cannot_run_here
+
+    environ = os.environ if environ is None else environ
     if not has_gpu() or hidden_by_environment(environ):
-        return None
-    if (environ if environ is not None else os.environ).get("CUDA_VISIBLE_DEVICES") is not None:
-        view, why = visible_gpus(environ)
-        if view is None and why == NONE_VISIBLE:  # e.g. an index past the node's GPUs: CUDA sees none either
-            return None
+        return
     count = len(list(_PROC_GPUS.iterdir()))
-    return (f"device auto: the NVIDIA driver lists {count} GPU(s) on this node but {framework} sees none: install "
-            "the framework's CUDA build that matches the driver, or choose device cpu (or set "
-            "CUDA_VISIBLE_DEVICES=) to run on the CPU")
+    visible = environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        listed, _ = query_gpus(environ)
+        view, why = visible_gpus(environ)
+        if listed and view is None and why == NONE_VISIBLE:
+            raise cannot_run_here(f"device auto: CUDA_VISIBLE_DEVICES={visible!r} names none of the {len(listed)} "
+                                  f"GPU(s) nvidia-smi lists ({', '.join(g.index for g in listed)}): name one of "
+                                  "them, or set it empty / choose device cpu to run on the CPU")
+    if cpu_build:
+        raise cannot_run_here(f"device auto: the NVIDIA driver lists {count} GPU(s) on this node but {framework} is a "
+                              "CPU build: install its CUDA build, or choose device cpu (or set "
+                              "CUDA_VISIBLE_DEVICES=) to run on the CPU")
+    raise RuntimeError(f"device auto: the NVIDIA driver lists {count} GPU(s) on this node but {framework} cannot "
+                       "start CUDA on them (a driver older than its CUDA, or GPUs not ready); choose device cpu to "
+                       "run on the CPU")
 
 
 def query_gpus(environ: Mapping[str, str]) -> tuple[list[Gpu] | None, str]:
@@ -94,6 +115,8 @@ def query_gpus(environ: Mapping[str, str]) -> tuple[list[Gpu] | None, str]:
         return None, f"nvidia-smi did not answer in {QUERY_TIMEOUT_S:.0f} s"
     if child.returncode != 0:
         return None, f"nvidia-smi exited {child.returncode}: {(err or out).strip()[:200]}"
+    if not out.strip():
+        return None, "nvidia-smi listed no GPU"
     gpus, mig = [], False
     try:
         for line in out.splitlines():

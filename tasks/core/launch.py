@@ -145,7 +145,7 @@ def node_memory_bytes(device: str, settings: Settings | None = None, nproc: int 
     if settings.train_memory_bytes:
         return settings.train_memory_bytes, "RECFLOW_TRAIN_MEMORY_BYTES"
     if device == "cuda" or (device == "auto" and has_gpu() and not hidden_by_environment()):
-        # auto on a node with a visible GPU trains on it, or the trainer refuses (tasks.core.gpus.unusable_gpus)
+        # auto on a node with a visible GPU trains on it, or the trainer refuses (tasks.core.gpus.check_usable)
         return gpu_memory_bytes(nproc)
     try:
         with open("/proc/meminfo") as f:

@@ -105,7 +105,7 @@ def evaluate(settings: Settings, run_id: str, run: dict[str, Any], trained: dict
 
     paths = run_paths(settings, run_id)
     metrics = evaluate_in_child(EVALUATE_MODULE, Path(trained["model_path"]), dataset_dir(settings, run),
-                                paths.evaluation, mapping="test", label=f"evaluate {run_id}")
+                                paths.evaluation, mapping="test", label=f"evaluate {run_id}", device=run["device"])
     log.info("test HR@10 %.4f, NDCG@10 %.4f over %d users (random ranking: HR@10 %.4f, NDCG@10 %.4f)",
              metrics["hr@10"], metrics["ndcg@10"], metrics["users"], metrics["random_hr@10"],
              metrics["random_ndcg@10"])

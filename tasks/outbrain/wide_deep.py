@@ -121,7 +121,7 @@ def evaluate(settings: Settings, run_id: str, run: dict[str, Any], trained: dict
     k, paths = run["knobs"]["map_k"], run_paths(settings, run_id)
     run_module(EVALUATE_MODULE, ["--model_path", trained["model_path"], "--dataset_dir",
                                  str(tfrecords_dir(settings, run)), "--mapping", "test", "--map_k", str(k),
-                                 "--output_dir", str(paths.evaluation)],
+                                 "--output_dir", str(paths.evaluation), "--device", run["device"]],
                label=f"evaluate {run_id}", what="evaluation")
     metrics = _summary(json.loads((paths.evaluation / "metrics.json").read_text()), k)
     log.info("validation MAP@%d %.4f (random ranking of the same displays: %.4f), AUC %.4f, logloss %.4f over "

@@ -519,21 +519,24 @@ def test_tensorflow_workers_get_one_gpu_each(tmp_path: Path, monkeypatch) -> Non
 
 
 def _fake_gpu_node(monkeypatch, tmp_path: Path, count: int) -> None:
-    """The driver's /proc listing of `count` GPUs and its device node (this machine has no GPU)."""
+    """The driver's /proc listing of `count` GPUs and its device nodes (this machine has no GPU: plain files)."""
     from tasks.core import gpus
 
-    proc = tmp_path / "proc-gpus"
+    proc, dev = tmp_path / "proc-gpus", tmp_path / "dev"
+    dev.mkdir()
+    (dev / "nvidiactl").touch()
     for i in range(count):
         (proc / f"0000:{0x17 + i:02x}:00.0").mkdir(parents=True)
-    (tmp_path / "nvidiactl").touch()
+        (dev / f"nvidia{i}").touch()
     monkeypatch.setattr(gpus, "_PROC_GPUS", proc)
-    monkeypatch.setattr(gpus, "_DEVICE_NODE", tmp_path / "nvidiactl")
+    monkeypatch.setattr(gpus, "_DEV", dev)
 
 
 def test_auto_device_refuses_a_gpu_node_whose_gpus_the_framework_cannot_use(tmp_path: Path, monkeypatch) -> None:
     """device auto on a node whose driver lists GPUs (mocked: this machine has none) but whose torch or TensorFlow
-    is a CPU build is one line, not a GPU-sized model trained on the CPU; the launcher's preflight counts the
-    GPUs then, and the host's memory where CUDA_VISIBLE_DEVICES hides them (the way to choose the CPU)."""
+    is a CPU build is one line, not a GPU-sized model trained on the CPU, and not retried; a CUDA build that cannot
+    start CUDA is retried. The launcher's preflight counts the GPUs then, and the host's memory where
+    CUDA_VISIBLE_DEVICES hides them (the way to choose the CPU) or this process may not open them."""
     import tensorflow as tf
     import torch
 
@@ -543,17 +546,25 @@ def test_auto_device_refuses_a_gpu_node_whose_gpus_the_framework_cannot_use(tmp_
     from tasks.core.launch import node_memory_bytes
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # CPU builds (as here, or on a GPU machine)
+    monkeypatch.setattr(torch.version, "cuda", None)
     monkeypatch.setattr(tf.config, "list_physical_devices", lambda kind=None: [])
+    monkeypatch.setattr(tf.test, "is_built_with_cuda", lambda: False)
     _fake_gpu_node(monkeypatch, tmp_path, 2)
     monkeypatch.delenv("RECFLOW_TRAIN_MEMORY_BYTES", raising=False)
+    system_path = os.environ["PATH"]
     monkeypatch.setenv("PATH", str(tmp_path / "no-nvidia-smi"))
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     with pytest.raises(RuntimeError) as caught:
         select_device("auto")
-    _one_line(caught.value, "driver lists 2 GPU(s)", f"torch {torch.__version__}", "device cpu",
-              "CUDA_VISIBLE_DEVICES=")
-    with pytest.raises(RuntimeError, match="driver lists 2 GPU.s. on this node but TensorFlow"):
+    _one_line(caught.value, "cannot run here: device auto: the NVIDIA driver lists 2 GPU(s)",
+              f"torch {torch.__version__} is a CPU build", "device cpu", "CUDA_VISIBLE_DEVICES=")
+    with pytest.raises(RuntimeError, match="cannot run here: .*driver lists 2 GPU.s. on this node but TensorFlow"):
         use_device("auto")
+    monkeypatch.setattr(torch.version, "cuda", "13.0")  # a CUDA build that cannot start CUDA: may recover, retried
+    with pytest.raises(RuntimeError) as caught:
+        select_device("auto")
+    assert "cannot start CUDA" in str(caught.value) and "cannot run here" not in str(caught.value)
+    monkeypatch.setattr(torch.version, "cuda", None)
     assert select_device("cpu") == torch.device("cpu")
     assert node_memory_bytes("auto")[1].startswith("GPU memory (no nvidia-smi")
     for hidden in ("", "-1", "none", " "):
@@ -565,15 +576,23 @@ def test_auto_device_refuses_a_gpu_node_whose_gpus_the_framework_cannot_use(tmp_
         assert not gpus.hidden_by_environment({"CUDA_VISIBLE_DEVICES": visible})
     # An index past the node's GPUs hides them all from CUDA too (nvidia-smi tells)
     smi = _fake_nvidia_smi(tmp_path / "bin", "0, GPU-a, 81559, 81000, Disabled\n1, GPU-b, 81559, 81000, Disabled\n")
-    monkeypatch.setenv("PATH", smi)
+    monkeypatch.setenv("PATH", f"{smi}:{system_path}")  # the fake runs `cat`
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4")
-    assert select_device("auto") == torch.device("cpu")
+    with pytest.raises(RuntimeError) as caught:
+        select_device("auto")
+    _one_line(caught.value, "cannot run here: device auto: CUDA_VISIBLE_DEVICES='4' names none of the 2 GPU(s) "
+              "nvidia-smi lists (0, 1)")
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
-    # A container given no GPU sees the driver's /proc entries but not its device nodes: the CPU, as on a GPU-less node
-    monkeypatch.setattr(gpus, "_DEVICE_NODE", tmp_path / "no-device-node")
+    # A job whose cgroup refuses to open the GPU nodes (Slurm without GPUs; a directory stands for one here): the CPU
+    for node in ("nvidia0", "nvidia1"):
+        (tmp_path / "dev" / node).unlink()
+        (tmp_path / "dev" / node).mkdir()
     assert not gpus.has_gpu() and select_device("auto") == torch.device("cpu")
     use_device("auto")
     assert node_memory_bytes("auto")[1] == "MemAvailable in /proc/meminfo"
+    # A container given no GPU sees the driver's /proc entries but not its device nodes: the CPU, as on a GPU-less node
+    monkeypatch.setattr(gpus, "_DEV", tmp_path / "container-dev")
+    assert not gpus.has_gpu() and select_device("auto") == torch.device("cpu")
     monkeypatch.setattr(gpus, "_PROC_GPUS", tmp_path / "none")
     assert select_device("auto") == torch.device("cpu")
 
