@@ -22,11 +22,20 @@ def add_device_args(parser: argparse.ArgumentParser) -> None:
 
 
 def resolve_device(device: str) -> str:
-    if device != "auto":
-        return device
+    """cpu, or gpu where cuDF imports and CUDA shows it a GPU (auto); --device gpu where it cannot is one line.
+    Importing cuDF on a machine whose GPUs are hidden or absent can raise CUDA's errors, not only ImportError."""
+    if device == "cpu":
+        return "cpu"
     try:
         import cudf  # noqa: F401
-    except ImportError:
+        import cupy
+
+        if cupy.cuda.runtime.getDeviceCount() < 1:
+            raise RuntimeError("CUDA shows no GPU")
+    except Exception as exc:  # noqa: BLE001 - any failure means: not on a GPU
+        if device == "gpu":
+            raise RuntimeError(f"--device gpu, but cuDF cannot run here ({type(exc).__name__}: {exc}); "
+                               "use --device cpu or auto") from None
         return "cpu"
     return "gpu"
 

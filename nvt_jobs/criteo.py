@@ -17,11 +17,11 @@ The workflow (one per window, fitted on the dictionary window's rows):
                 convention; `LambdaOp(id - 2) >> Clip(min_value=0)` restores it, so both engines give 0 for missing,
                 rare and unseen values and 1..n for the kept values by descending count. Equal counts: Spark orders
                 them by value; Categorify leaves them in an unspecified order (pandas' unstable sort).
-  numericals    FillMissing(-2) >> LambdaOp(x + 2) >> Clip(min_value=0) >> LogOp: log(1 + x + 2) = log(x + 3) for
-                x >= -2, and 0 for missing values (NVIDIA's comment: "assign 0 to all missing values, and calculate
-                log(x+3) for present values"). The Clip is ours: Criteo's int_1 holds values down to -3, where
-                log(x + 3) is -inf in NVIDIA's NVTabular script and null -> 0 in its Spark one; the Clip gives 0,
-                as Spark does.
+  numericals    FillMissing(-2) >> LambdaOp(x + 2) >> Clip(min_value=0) >> LogOp's log(1 + x), in float64:
+                log(1 + x + 2) = log(x + 3) for x >= -2, and 0 for missing values (NVIDIA's comment: "assign 0 to
+                all missing values, and calculate log(x+3) for present values"). The Clip is ours: Criteo's int_1
+                holds values down to -3, where log(x + 3) is -inf in NVIDIA's NVTabular script and null -> 0 in its
+                Spark one; the Clip gives 0, as Spark does.
   label, row_order  passed through (row_order orders the train shuffle and splits the test day, as in the other
                 engines).
 
@@ -45,6 +45,8 @@ import time
 from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
+
+import numpy as np
 
 from nvt_jobs.common import add_device_args, configure_logging, dask_cluster, dataset, log, resolve_device, run_job
 from tasks.core.storage import Manifest, atomic_directory, write_manifest
@@ -70,7 +72,10 @@ def build_workflow(thresholds: Sequence[int], categories_dir: str):
     categoricals = list(CAT_COLUMNS) >> categorify >> to_nvidia_ids >> ops.Clip(min_value=0)
     numericals = (list(INT_COLUMNS) >> ops.FillMissing(fill_val=-2.0)
                   >> ops.LambdaOp(lambda col: col + 2.0, label="Add3ButMinusOneCauseLogAddsOne")
-                  >> ops.Clip(min_value=0) >> ops.LogOp())
+                  >> ops.Clip(min_value=0)
+                  # log(x + 1) in float64, then float32, as the arrow and Spark engines compute it: NVTabular's LogOp
+                  # takes the log in float32, which cuDF's CUDA log may round differently (by an ulp) from the CPU's
+                  >> ops.LambdaOp(lambda col: np.log(col.astype("float64") + 1.0).astype("float32"), label="LogOp"))
     return nvt.Workflow(categoricals + numericals + [LABEL, ROW_ORDER]), categorify
 
 

@@ -301,9 +301,10 @@ def mapping_counts(frame: pd.DataFrame) -> dict[str, int]:
 
 def transformed(workflow, rows, device: str, what: str) -> pd.DataFrame:
     started = time.monotonic()
-    frame = workflow.transform(rows).to_ddf().compute()
-    if device == "gpu":
-        frame = frame.to_pandas()
+    parts = workflow.transform(rows).to_ddf()
+    if device == "gpu":  # each partition to host memory where it is: the whole frame never sits on one GPU
+        parts = parts.map_partitions(lambda part: part.to_pandas(), meta=parts._meta.to_pandas())
+    frame = parts.compute()
     log.info("%s: %d rows transformed in %.1f s", what, len(frame), time.monotonic() - started)
     return frame
 

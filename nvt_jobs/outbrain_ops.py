@@ -59,16 +59,19 @@ def nullable_join_groupby(**kwargs):
 
 
 def value_hashes(col):
-    """A hash of each value alone: pandas' hash_pandas_object(index=False) on CPU, cudf's murmur3 on GPU. (merlin's
-    hash_series on pandas goes through dask's hash_object_dispatch, which hashes the row's index with the value: a
-    value's bucket would change with its row number.) The nullable ids (float64 columns) are hashed as int64, a
-    null as NULL_ID: pandas mixes the bits of small whole floats poorly (3 collisions among 339 document ids in
-    100000 buckets, none as int64)."""
+    """A hash of each value alone: pandas' hash_pandas_object(index=False), on either device (merlin's hash_series
+    on pandas goes through dask's hash_object_dispatch, which hashes the row's index with the value: a value's bucket
+    would change with its row number). On a GPU the column is hashed on the host too, not with cudf's murmur3: a
+    workflow fitted on one device must give the same ids when predict or a transform applies it on the other. The
+    nullable ids (float64 columns) are hashed as int64, a null as NULL_ID: pandas mixes the bits of small whole
+    floats poorly (3 collisions among 339 document ids in 100000 buckets, none as int64)."""
     if col.dtype.kind == "f":
         col = col.fillna(NULL_ID).astype("int64")
     if isinstance(col, pd.Series):
         return pd.util.hash_pandas_object(col, index=False).to_numpy()
-    return col.hash_values().values
+    import cupy
+
+    return cupy.asarray(pd.util.hash_pandas_object(col.to_pandas(), index=False).to_numpy())
 
 
 def value_hash_bucket(buckets: dict[str, int]):

@@ -129,12 +129,16 @@ def test_gpu_profile_on_yarn_sizes_the_container_and_honours_overrides(monkeypat
     assert "spark.shuffle.manager" not in conf and "spark.executor.extraClassPath" not in conf
 
 
-def test_gpu_profile_on_a_local_master_requests_no_gpu_resources() -> None:
+def test_gpu_profile_on_a_local_master_requests_no_gpu_resources(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("RECFLOW_SPARK_DRIVER_MEMORY", raising=False)
     conf = conf_of(SparkSubmit("job.py", [], master="local[4]", profile="gpu", rapids_jar=JAR,
                                spark_version="4.1.1", gpu_executor=GpuExecutor(cores=4)).argv())
     assert not [key for key in conf if ".resource." in key]  # Spark's local mode does not schedule GPUs
     assert "spark.executor.cores" not in conf and "spark.executor.memory" not in conf
     assert conf["spark.plugins"] == "com.nvidia.spark.SQLPlugin" and conf["spark.rapids.sql.concurrentGpuTasks"] == "4"
+    # The driver is the executor: sized by the setting, as the local profile's (Spark's own default is 1g)
+    assert conf["spark.driver.memory"] == "2g"
+    assert conf["spark.sql.parquet.inferTimestampNTZ.enabled"] == "false"  # RAPIDS runs no TIMESTAMP_NTZ
 
 
 def test_gpu_explain_profile_plans_for_the_gpu_and_runs_on_the_cpu(monkeypatch: pytest.MonkeyPatch) -> None:

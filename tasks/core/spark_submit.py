@@ -81,6 +81,10 @@ _RAPIDS_CONF = {  # NVIDIA run_spark_gpu_DGX-2.sh on top of the CPU conf; both R
     "spark.rapids.sql.explain": "NOT_ON_GPU",
     "spark.sql.autoBroadcastJoinThreshold": "1GB",
     "spark.rapids.sql.incompatibleOps.enabled": "true",
+    # Parquet timestamps without a time zone (Outbrain's, tasks/outbrain/schema.py) read as TIMESTAMP, not Spark 4's
+    # TIMESTAMP_NTZ, which RAPIDS has no GPU support for (the scan and every join carrying it would stay on the
+    # CPU); the same instants under the jobs' UTC session time zone.
+    "spark.sql.parquet.inferTimestampNTZ.enabled": "false",
 }
 PROFILES = ("local", "cluster", "gpu", "gpu-explain")
 GPU_PROFILES = ("gpu", "gpu-explain")  # load the RAPIDS Accelerator: plan for the GPU (jobs choose GPU-friendly plans)
@@ -375,8 +379,8 @@ class SparkSubmit:
         if self.profile not in PROFILES:
             raise ValueError(f"unknown Spark profile {self.profile!r}; expected one of {', '.join(PROFILES)}")
         conf = dict(_LOCAL_CONF if self.profile == "local" else _CLUSTER_CONF)
-        if self.profile == "local":
-            conf["spark.driver.memory"] = jvm_memory("RECFLOW_SPARK_DRIVER_MEMORY")
+        if not self.on_cluster:  # a local master's driver is its executor too, whatever the profile (RAPIDS'
+            conf["spark.driver.memory"] = jvm_memory("RECFLOW_SPARK_DRIVER_MEMORY")  # included: not Spark's 1g)
         if self.profile in GPU_PROFILES:
             conf.update(rapids_conf(self.profile, self.master, self.gpu_executor or GpuExecutor.from_env(),
                                     self.spark_version or installed_spark_version(), self.rapids_jar_path()))
