@@ -81,9 +81,9 @@ _RAPIDS_CONF = {  # NVIDIA run_spark_gpu_DGX-2.sh on top of the CPU conf; both R
     "spark.rapids.sql.explain": "NOT_ON_GPU",
     "spark.sql.autoBroadcastJoinThreshold": "1GB",
     "spark.rapids.sql.incompatibleOps.enabled": "true",
-    # Parquet timestamps without a time zone (Outbrain's, tasks/outbrain/schema.py) read as TIMESTAMP, not Spark 4's
-    # TIMESTAMP_NTZ, which RAPIDS has no GPU support for (the scan and every join carrying it would stay on the
-    # CPU); the same instants under the jobs' UTC session time zone.
+    # Parquet timestamps without a time zone read as TIMESTAMP, not Spark 4's TIMESTAMP_NTZ, which RAPIDS has no
+    # GPU support for (the scan and every join carrying one would stay on the CPU); the same instants under the
+    # jobs' UTC session time zone (docs/gpu_spark.md).
     "spark.sql.parquet.inferTimestampNTZ.enabled": "false",
 }
 PROFILES = ("local", "cluster", "gpu", "gpu-explain")
