@@ -36,11 +36,14 @@ $(STAMP): requirements.txt pyproject.toml
 # the integration and browser tests, which mostly wait on the services they start, next to everything else.
 # TEST_LANES= runs one lane.
 TEST_LANES ?= -n 2 --dist loadgroup
+# The tests not marked gpu run on the CPU even on a GPU host (CUDA_VISIBLE_DEVICES empty): .venv's torch and
+# TensorFlow are CPU builds, which device auto refuses where it can use a GPU (tasks.core.gpus.check_usable).
 test: venv browser-deps nvt-env
-	$(AIRFLOW_ENV) && $(PY) -m pytest -m "not gpu" $(TEST_LANES) $(PYTEST_ARGS)
+	$(AIRFLOW_ENV) && CUDA_VISIBLE_DEVICES= $(PY) -m pytest -m "not gpu" $(TEST_LANES) $(PYTEST_ARGS)
 
 test-fast: venv
-	$(AIRFLOW_ENV) && $(PY) -m pytest -m "not gpu and not e2e and not integration and not slow and not browser" $(PYTEST_ARGS)
+	$(AIRFLOW_ENV) && CUDA_VISIBLE_DEVICES= $(PY) -m pytest \
+	  -m "not gpu and not e2e and not integration and not slow and not browser" $(PYTEST_ARGS)
 
 # The browser tier's tools (tests/browser, marker `browser`): Debian's chromium from apt (no browser is ever
 # downloaded) and playwright-core, pinned by package-lock.json, in ./node_modules. Node.js >= 20 with npm is a

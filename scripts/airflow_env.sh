@@ -10,3 +10,7 @@ export AIRFLOW__CORE__DAGBAG_IMPORT_TIMEOUT=120
 export AIRFLOW__DAG_PROCESSOR__MIN_FILE_PROCESS_INTERVAL=10
 export PATH="$REPO_ROOT/.venv/bin:$PATH"
 export PYTHONPATH="$REPO_ROOT${PYTHONPATH:+:$PYTHONPATH}"
+# .venv holds the CPU builds of torch and TensorFlow (requirements.txt): runs that name no device train on the CPU
+# here, where device auto would refuse them on a GPU host (tasks.core.gpus.check_usable). A deployment with CUDA
+# builds sets auto or cuda.
+export RECFLOW_TRAIN_DEVICE="${RECFLOW_TRAIN_DEVICE:-cpu}"

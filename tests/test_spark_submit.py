@@ -61,6 +61,8 @@ def test_local_driver_memory_is_a_setting(monkeypatch: pytest.MonkeyPatch) -> No
         with pytest.raises(ValueError, match="RECFLOW_SPARK_DRIVER_MEMORY=.* is not a JVM memory size"):
             SparkSubmit("job.py", []).argv()
     monkeypatch.setenv("RECFLOW_SPARK_DRIVER_MEMORY", "8g")
+    # The local profile's client-mode driver keeps the setting on a cluster master too
+    assert conf_of(SparkSubmit("job.py", [], master="spark://h:7077").argv())["spark.driver.memory"] == "8g"
     # A cluster's driver memory is the cluster's deployment to size (spark-defaults), not this machine's setting.
     assert "spark.driver.memory" not in conf_of(SparkSubmit("job.py", [], master="spark://h:7077",
                                                             profile="cluster").argv())

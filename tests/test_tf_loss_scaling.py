@@ -1,7 +1,9 @@
 """fp16 loss scaling over several replicas (models.tfkit.precision): every replica skips a step on which any of them
-overflowed; and the DLRM's host-memory tables synced across workers (models.dlrm_tf.steps). Two replicas on two logical CPUs of one process (MirroredStrategy: the decision logic of
+overflowed; and the DLRM's host-memory tables synced across workers (models.dlrm_tf.steps).
+
+Loss scaling: two replicas on two logical CPUs of one process (MirroredStrategy: the decision logic of
 MultiWorkerMirroredStrategy's workers, whose divergence would hang the job instead of corrupting it); TensorFlow's
-devices are fixed when its runtime starts, so the check runs in a child process."""
+devices are fixed when its runtime starts, so the check runs in a child process. The sync: two real workers."""
 
 from __future__ import annotations
 
@@ -124,7 +126,8 @@ def test_host_tables_of_every_worker_become_the_chiefs_slice_by_slice() -> None:
     outputs = []
     for proc, log in zip(procs, logs):
         log.seek(0)
-        outputs.append((log.read(), ""))
-        assert proc.returncode == 0, outputs[-1][0][-3000:]
-    tables = {doc["worker"]: doc["table"] for doc in (json.loads(out.strip().splitlines()[-1]) for out, _ in outputs)}
+        outputs.append(log.read())
+        log.close()
+        assert proc.returncode == 0, outputs[-1][-3000:]
+    tables = {doc["worker"]: doc["table"] for doc in (json.loads(out.strip().splitlines()[-1]) for out in outputs)}
     assert tables == {0: [[1.0] * 4] * 10, 1: [[1.0] * 4] * 10}

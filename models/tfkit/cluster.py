@@ -95,7 +95,11 @@ def use_device(device: str) -> None:
     if tf.config.list_physical_devices("GPU"):
         return
     if device == "cuda":
-        raise cannot_run_here("--device cuda, but TensorFlow sees no GPU (tensorflow-cpu, or no CUDA device)")
+        if not tf.test.is_built_with_cuda():
+            raise cannot_run_here(f"--device cuda, but TensorFlow {tf.__version__} is a CPU build (tensorflow-cpu): "
+                                  "install tensorflow[and-cuda], or choose device cpu or auto")
+        raise RuntimeError(f"--device cuda, but TensorFlow {tf.__version__} sees no GPU (no driver, or GPUs not "
+                           "ready); choose device cpu or auto to run without one")
     check_usable(f"TensorFlow {tf.__version__}", cpu_build=not tf.test.is_built_with_cuda())
 
 

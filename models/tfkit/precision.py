@@ -92,4 +92,5 @@ def wrap_optimizer(optimizer: keras.optimizers.Optimizer, precision: str) -> ker
 
 
 def is_loss_scaled(optimizer: keras.optimizers.Optimizer) -> bool:
+    """`optimizer` scales the loss (fp16): its train step calls agree_on_finite before applying."""
     return isinstance(optimizer, keras.optimizers.LossScaleOptimizer)

@@ -48,7 +48,11 @@ def select_device(preference: str, local_rank: int = 0) -> torch.device:
         return torch.device("cpu")
     if not torch.cuda.is_available():
         if preference == "cuda":
-            raise cannot_run_here("device 'cuda' requested but torch sees no CUDA device (CPU build or no driver)")
+            if torch.version.cuda is None:
+                raise cannot_run_here(f"device 'cuda' requested but torch {torch.__version__} sees no CUDA device: "
+                                      "it is a CPU build; install its CUDA build, or choose device cpu or auto")
+            raise RuntimeError(f"device 'cuda' requested but torch {torch.__version__} sees no CUDA device (no "
+                               "driver, or GPUs not ready); choose device cpu or auto to run without one")
         check_usable(f"torch {torch.__version__}", cpu_build=torch.version.cuda is None)
         return torch.device("cpu")
     return torch.device("cuda", local_rank % torch.cuda.device_count())

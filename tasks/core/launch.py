@@ -93,9 +93,9 @@ def check_one_gpu_each(nproc: int, device: str, environ: Mapping[str, str] | Non
         return
     view, _ = visible_gpus(environ)
     if view is not None and nproc > len(view.gpus):
-        raise CannotRunHere(f"nproc {nproc} GPU process(es) on this node, but they see {len(view.gpus)} GPU(s) "
-                         f"({', '.join(g.index for g in view.gpus)}): NCCL runs one process per GPU; lower nproc "
-                         f"to {len(view.gpus)}, or train on the CPU (device cpu)")
+        raise CannotRunHere(f"{CANNOT_RUN_HERE} nproc {nproc} GPU process(es) on this node, but they see "
+                            f"{len(view.gpus)} GPU(s) ({', '.join(g.index for g in view.gpus)}): NCCL runs one "
+                            f"process per GPU; lower nproc to {len(view.gpus)}, or train on the CPU (device cpu)")
 
 
 @dataclass(frozen=True)

@@ -49,6 +49,7 @@ def cannot_run_here(reason: str) -> RuntimeError:
     print(f"{ERROR_MARKER} {line}", flush=True)
     return RuntimeError(line)
 
+
 # Variables a child never gets: Airflow's own secrets and connections, the deployment's root credentials, and
 # anything whose name says it holds one (AWS_SECRET_ACCESS_KEY, *_PASSWORD, *_TOKEN, ...).
 _SECRET_NAMES = re.compile(

@@ -127,7 +127,9 @@ declare(
        field="file_source_roots"),
     _S("RECFLOW_PROFILE", "choice", "full", "training profile of runs that name none (retrains, cron runs): `full` "
        "or `demo`", field="profile"),
-    _S("RECFLOW_TRAIN_DEVICE", "choice", "auto", "device of runs that name none: `cpu`, `cuda` or `auto`",
+    _S("RECFLOW_TRAIN_DEVICE", "choice", "auto", "device of runs that name none: `cpu`, `cuda` or `auto` (the GPUs "
+       "where the worker may use them; refused without retry where its torch / TensorFlow is a CPU build: "
+       "docs/ARCHITECTURE.md)",
        field="train_device"),
     _S("RECFLOW_TRAIN_NPROC", "int", "1", "torchrun processes per node of runs that name none", field="train_nproc"),
     _S("RECFLOW_TRAIN_NNODES", "int", "1", "machines one training job spans, each running a launcher "
@@ -183,7 +185,8 @@ declare(
     _S("RECFLOW_NVT_PYTHON", "path", "", "NVTabular's interpreter (a GPU image's Merlin environment; "
        "docs/nvtabular.md)",
        default_note="`.venv-nvtabular/bin/python`"),
-    _S("RECFLOW_NVT_DEVICE", "choice", "auto", "NVTabular's device: `cpu`, `gpu` or `auto` (gpu when cudf imports)"),
+    _S("RECFLOW_NVT_DEVICE", "choice", "auto", "NVTabular's device: `cpu`, `gpu` or `auto` (gpu when cuDF imports "
+       "and CUDA shows a GPU; `gpu` where cuDF cannot run is one line)"),
     _S("RECFLOW_NVT_WORKERS", "int", "", "Dask workers of NVTabular's local CPU cluster (0: synchronous)",
        default_note="`min(cores, 2)`"),
     _S("RECFLOW_GPU_EXECUTOR_CORES", "int", "", "cores of one GPU Spark executor (RAPIDS profiles; docs/gpu_spark.md)",
@@ -198,8 +201,9 @@ declare(
        "downloads it)"),
     _S("RECFLOW_SPARK_DRIVER_HOST", "str", "", "`spark.driver.host` on a cluster: where executors reach the driver",
        default_note="Spark's own choice"),
-    _S("RECFLOW_SPARK_DRIVER_MEMORY", "jvm-size", "2g", "`spark.driver.memory` of the local Spark profile (one "
-       "machine: the driver runs every task); the largest snapshots need more than 2g (docs/PERFORMANCE-scale.md)"),
+    _S("RECFLOW_SPARK_DRIVER_MEMORY", "jvm-size", "2g", "`spark.driver.memory` of the local Spark profile, and of "
+       "any profile on a local master (one machine: the driver runs every task); the largest snapshots need more "
+       "than 2g (docs/PERFORMANCE-scale.md)"),
     _S("RECFLOW_TASK_RETRIES", "int", "2", "Airflow retries of every task", parse_time=True),
     _S("RECFLOW_RETRY_DELAY_S", "seconds", "30", "first retry delay (doubling, at most 10 min)", parse_time=True),
     _S("RECFLOW_TRAIN_QUEUE", "str", "", "Celery queue of the training tasks and those that load their model "

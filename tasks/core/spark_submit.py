@@ -379,8 +379,10 @@ class SparkSubmit:
         if self.profile not in PROFILES:
             raise ValueError(f"unknown Spark profile {self.profile!r}; expected one of {', '.join(PROFILES)}")
         conf = dict(_LOCAL_CONF if self.profile == "local" else _CLUSTER_CONF)
-        if not self.on_cluster:  # a local master's driver is its executor too, whatever the profile (RAPIDS'
-            conf["spark.driver.memory"] = jvm_memory("RECFLOW_SPARK_DRIVER_MEMORY")  # included: not Spark's 1g)
+        # The local profile's driver, on any master; and any profile's on a local master, where the driver is the
+        # executor too (the RAPIDS profiles' included: not Spark's 1g).
+        if self.profile == "local" or not self.on_cluster:
+            conf["spark.driver.memory"] = jvm_memory("RECFLOW_SPARK_DRIVER_MEMORY")
         if self.profile in GPU_PROFILES:
             conf.update(rapids_conf(self.profile, self.master, self.gpu_executor or GpuExecutor.from_env(),
                                     self.spark_version or installed_spark_version(), self.rapids_jar_path()))

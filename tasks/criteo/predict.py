@@ -268,7 +268,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--bad-row-budget", type=float, default=0.001)
     parser.add_argument("--engine", choices=("eager", "torchscript"), default="eager")
     parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
-                        help="where the model runs (auto: a GPU when torch sees one)")
+                        help="where the model runs (auto: a GPU when torch sees one; refused on a GPU node whose "
+                             "torch is a CPU build)")
     parser.add_argument("--cache-dir", type=Path, help="where published versions are fetched (default: beside "
                                                          "the output, in .models/)")
     return parser.parse_args(argv)

@@ -128,7 +128,9 @@ def device_param() -> Any:
 
     return Param(None, type=["null", "string"], enum=[None, "cpu", "cuda", "auto"], title="Device",
                  values_display={"None": "(the deployment's RECFLOW_TRAIN_DEVICE)"},
-                 description="Training device. Empty = the deployment's RECFLOW_TRAIN_DEVICE (auto).")
+                 description="Training and evaluation device. Empty = the deployment's RECFLOW_TRAIN_DEVICE (auto: "
+                             "the GPUs where the worker may use them; a worker whose torch or TensorFlow is a CPU "
+                             "build there refuses, without retry: choose cpu to train on its CPU).")
 
 
 def engine_param(engines: tuple[str, ...], env_var: str, description: str, default: str = "spark") -> Any:

@@ -26,6 +26,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
+import torch
 
 from tasks.core.config import NotAllowed
 from tests.http_range_server import start_range_server
@@ -538,7 +539,6 @@ def test_auto_device_refuses_a_gpu_node_whose_gpus_the_framework_cannot_use(tmp_
     start CUDA is retried. The launcher's preflight counts the GPUs then, and the host's memory where
     CUDA_VISIBLE_DEVICES hides them (the way to choose the CPU) or this process may not open them."""
     import tensorflow as tf
-    import torch
 
     from models.tfkit.cluster import use_device
     from models.torchkit.distributed import select_device
@@ -628,6 +628,8 @@ def test_more_torchrun_processes_than_gpus_are_refused_before_launch(tmp_path: P
     assert launches == []
 
 
+@pytest.mark.skipif(torch.cuda.is_available() or torch.version.cuda is not None,
+                    reason="needs a CPU build of torch, whose device cuda is a refusal (this machine's)")
 def test_a_trainer_that_cannot_run_on_its_node_fails_the_task_without_retry(tmp_path: Path, monkeypatch) -> None:
     """A refusal inside the trainer (here device cuda on this machine's CPU torch, launched by torchrun for real)
     reaches the task as CannotRunHere, which the train task does not retry, with the trainer's one line."""
@@ -642,7 +644,8 @@ def test_a_trainer_that_cannot_run_on_its_node_fails_the_task_without_retry(tmp_
     _dataset(run_paths(settings, "run1").dataset, [1000] * 26)
     with pytest.raises(CannotRunHere) as caught:
         train(settings, "run1", {**_criteo_run(), "device": "cuda"})
-    _one_line(caught.value, "cannot run here: device 'cuda' requested but torch sees no CUDA device")
+    _one_line(caught.value, "cannot run here: device 'cuda' requested but torch", "it is a CPU build",
+              "choose device cpu or auto")
 
 
 def test_demo_model_passes_the_preflight_against_this_machine(tmp_path: Path) -> None:
