@@ -95,7 +95,7 @@ def test_the_device_is_chosen_and_a_missing_gpu_is_one_line(version, tmp_path, c
     auto = predict_file(version, CRITEO_SAMPLE, tmp_path / "auto.tsv", device="auto")  # this machine: the CPU
     assert auto.scored == 100 and any(m.startswith("scored 100 rows of") for m in caplog.messages)
     if not torch.cuda.is_available():
-        with pytest.raises(RuntimeError, match="device 'cuda' requested but torch sees no CUDA device"):
+        with pytest.raises(RuntimeError, match="device 'cuda' requested but torch .* sees no CUDA device"):
             predict_file(version, CRITEO_SAMPLE, tmp_path / "cuda.tsv", device="cuda")
         assert not (tmp_path / "cuda.tsv").exists()
 
