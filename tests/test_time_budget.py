@@ -5,6 +5,8 @@ from __future__ import annotations
 from datetime import timedelta
 from types import SimpleNamespace
 
+import pytest
+
 from models.common.time_budget import MIN_MEASURED_S, too_slow
 from tasks.core.dlrm_knobs import time_budget
 from tasks.core.launch import CannotRunHere, TrainingFailed, TrainingTooSlow, _training_failed
@@ -53,3 +55,35 @@ def test_a_run_that_resumes_has_every_attempt_and_one_that_starts_over_has_one()
     assert time_budget({"knobs": {"checkpoint_every_minutes": 0, "checkpoint_every_steps": 50}, **budget}) == 300.0
     assert time_budget({"knobs": {"checkpoint_every_minutes": 0, "checkpoint_every_steps": 0}, **budget}) == 100.0
     assert time_budget({"knobs": by_time}) == 0.0  # outside a train task: no check
+
+
+def test_the_shared_tasks_fail_a_refusal_of_the_node_without_retry_and_retry_other_errors(monkeypatch) -> None:
+    """train, evaluate and gate turn CannotRunHere (a trainer's or evaluator's refusal of the node) into Airflow's
+    no-retry failure; any other error stays itself, so Airflow retries it."""
+    import sys
+
+    from airflow.sdk.exceptions import AirflowFailException
+
+    from tasks.dagkit.training import training_tasks
+
+    def refuse(*args, **kwargs):
+        raise CannotRunHere("cannot run here: device 'cuda' requested but torch 2.13.0+cpu sees no CUDA device")
+
+    def fail(*args, **kwargs):
+        raise TrainingFailed("evaluation exited 1: OSError: disk full")
+
+    steps = SimpleNamespace(SPEC=SimpleNamespace(train=refuse, evaluate=refuse, gate=refuse))
+    monkeypatch.setitem(sys.modules, "tests.refusing_steps", steps)
+    shared = training_tasks("tests.refusing_steps", record_failure=lambda context: None)
+    ti = SimpleNamespace(try_number=1, max_tries=2, task=SimpleNamespace(execution_timeout=None))
+    params = {"model_name": "m", "aws_conn_id": "aws_default"}
+    calls = {"train": lambda: shared.train.function({}, {}, run_id="r", ti=ti),
+             "evaluate": lambda: shared.evaluate.function({}, {}, run_id="r"),
+             "gate": lambda: shared.gate.function({}, {}, run_id="r", params=params)}
+    for call in calls.values():
+        with pytest.raises(AirflowFailException, match="CannotRunHere: cannot run here: device 'cuda'"):
+            call()
+    steps.SPEC = SimpleNamespace(train=fail, evaluate=fail, gate=fail)
+    for call in calls.values():
+        with pytest.raises(TrainingFailed, match="disk full"):
+            call()

@@ -19,8 +19,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from tasks.core.gpus import check_usable
-from tasks.core.process import cannot_run_here
+from tasks.core.gpus import check_usable, refuse_cuda
 
 
 class ClusterConfigError(ValueError):
@@ -94,13 +93,10 @@ def use_device(device: str) -> None:
         return
     if tf.config.list_physical_devices("GPU"):
         return
+    framework, cpu_build = f"TensorFlow {tf.__version__}", not tf.test.is_built_with_cuda()
     if device == "cuda":
-        if not tf.test.is_built_with_cuda():
-            raise cannot_run_here(f"--device cuda, but TensorFlow {tf.__version__} is a CPU build (tensorflow-cpu): "
-                                  "install tensorflow[and-cuda], or choose device cpu or auto")
-        raise RuntimeError(f"--device cuda, but TensorFlow {tf.__version__} sees no GPU (no driver, or GPUs not "
-                           "ready); choose device cpu or auto to run without one")
-    check_usable(f"TensorFlow {tf.__version__}", cpu_build=not tf.test.is_built_with_cuda())
+        raise refuse_cuda(framework, cpu_build)  # a CPU build: tensorflow-cpu, where tensorflow[and-cuda] is needed
+    check_usable(framework, cpu_build)
 
 
 def start_worker(intra_op_threads: int = 0, inter_op_threads: int = 0,

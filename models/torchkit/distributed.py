@@ -17,7 +17,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from tasks.core.gpus import check_usable
+from tasks.core.gpus import check_usable, refuse_cuda
 from tasks.core.process import cannot_run_here
 
 
@@ -48,11 +48,7 @@ def select_device(preference: str, local_rank: int = 0) -> torch.device:
         return torch.device("cpu")
     if not torch.cuda.is_available():
         if preference == "cuda":
-            if torch.version.cuda is None:
-                raise cannot_run_here(f"device 'cuda' requested but torch {torch.__version__} sees no CUDA device: "
-                                      "it is a CPU build; install its CUDA build, or choose device cpu or auto")
-            raise RuntimeError(f"device 'cuda' requested but torch {torch.__version__} sees no CUDA device (no "
-                               "driver, or GPUs not ready); choose device cpu or auto to run without one")
+            raise refuse_cuda(f"torch {torch.__version__}", cpu_build=torch.version.cuda is None)
         check_usable(f"torch {torch.__version__}", cpu_build=torch.version.cuda is None)
         return torch.device("cpu")
     return torch.device("cuda", local_rank % torch.cuda.device_count())

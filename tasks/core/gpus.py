@@ -64,6 +64,13 @@ def hidden_by_environment(environ: Mapping[str, str] | None = None) -> bool:
     return not (first.isdigit() or first.startswith(("GPU-", "MIG-")))
 
 
+def trains_on_gpu(device: str, environ: Mapping[str, str] | None = None) -> bool:
+    """Whether a job given `device` (cpu, cuda, auto) runs on this node's GPUs: cuda always; auto wherever this
+    process may use one (has_gpu) and CUDA_VISIBLE_DEVICES does not hide them, where the trainer takes the GPU or
+    refuses (check_usable), never falls back to the CPU. The one place that rule is spelled."""
+    return device == "cuda" or (device == "auto" and has_gpu() and not hidden_by_environment(environ))
+
+
 def check_usable(framework: str, cpu_build: bool, environ: Mapping[str, str] | None = None) -> None:
     """Refuse device 'auto' falling back to the CPU when `framework` (e.g. "torch 2.13.0+cpu") sees no GPU on a node
     that offers this process GPUs (has_gpu, not hidden by CUDA_VISIBLE_DEVICES): a GPU-sized model would otherwise
@@ -73,13 +80,13 @@ def check_usable(framework: str, cpu_build: bool, environ: Mapping[str, str] | N
     from tasks.core.process import cannot_run_here
 
     environ = os.environ if environ is None else environ
-    if not has_gpu() or hidden_by_environment(environ):
+    if not trains_on_gpu("auto", environ):
         return
     count = len(list(_PROC_GPUS.iterdir()))
     visible = environ.get("CUDA_VISIBLE_DEVICES")
     if visible is not None:
         listed, _ = query_gpus(environ)
-        view, why = visible_gpus(environ)
+        view, why = _view_of(listed, environ) if listed else (None, "")
         if listed and view is None and why == NONE_VISIBLE:
             raise cannot_run_here(f"device auto: CUDA_VISIBLE_DEVICES={visible!r} names none of the {len(listed)} "
                                   f"GPU(s) nvidia-smi lists ({', '.join(g.index for g in listed)}): name one of "
@@ -91,6 +98,19 @@ def check_usable(framework: str, cpu_build: bool, environ: Mapping[str, str] | N
     raise RuntimeError(f"device auto: the NVIDIA driver lists {count} GPU(s) on this node but {framework} cannot "
                        "start CUDA on them (a driver older than its CUDA, or GPUs not ready); choose device cpu to "
                        "run on the CPU")
+
+
+def refuse_cuda(framework: str, cpu_build: bool) -> RuntimeError:
+    """The error for device cuda where `framework` (e.g. "torch 2.13.0+cpu") sees no GPU: a CPU build is the
+    deployment's to fix (cannot_run_here, no retry); a CUDA build without a usable driver or GPU may recover (a plain
+    error, retried)."""
+    from tasks.core.process import cannot_run_here
+
+    if cpu_build:
+        return cannot_run_here(f"device 'cuda' requested but {framework} sees no CUDA device: it is a CPU build; "
+                               "install its CUDA build, or choose device cpu or auto")
+    return RuntimeError(f"device 'cuda' requested but {framework} sees no CUDA device (no driver, or GPUs not "
+                        "ready); choose device cpu or auto to run without one")
 
 
 def query_gpus(environ: Mapping[str, str]) -> tuple[list[Gpu] | None, str]:
@@ -139,6 +159,11 @@ def visible_gpus(environ: Mapping[str, str] | None = None) -> tuple[GpuView | No
     listed, why = query_gpus(environ)
     if listed is None:
         return None, why
+    return _view_of(listed, environ)
+
+
+def _view_of(listed: list[Gpu], environ: Mapping[str, str]) -> tuple[GpuView | None, str]:
+    """visible_gpus for the GPUs nvidia-smi has listed."""
     pci_order = environ.get("CUDA_DEVICE_ORDER", "") == "PCI_BUS_ID"
     alike = len({g.total for g in listed}) <= 1
     visible = environ.get("CUDA_VISIBLE_DEVICES")

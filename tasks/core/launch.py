@@ -87,9 +87,9 @@ def check_one_gpu_each(nproc: int, device: str, environ: Mapping[str, str] | Non
     """Refuse (CannotRunHere) nproc torchrun processes that would train on fewer GPUs than nproc; the TensorFlow
     workers may share one (tf_worker_envs). Unchecked where nvidia-smi cannot tell: the trainer checks again
     (models.torchkit.distributed.init_distributed)."""
-    from tasks.core.gpus import has_gpu, hidden_by_environment, visible_gpus
+    from tasks.core.gpus import trains_on_gpu, visible_gpus
 
-    if nproc <= 1 or device == "cpu" or (device == "auto" and (not has_gpu() or hidden_by_environment(environ))):
+    if nproc <= 1 or not trains_on_gpu(device, environ):
         return
     view, _ = visible_gpus(environ)
     if view is not None and nproc > len(view.gpus):
@@ -136,7 +136,7 @@ def gpu_memory_bytes(nproc: int, environ: Mapping[str, str] | None = None) -> tu
 def node_memory_bytes(device: str, settings: Settings | None = None, nproc: int = 1) -> tuple[int | None, str]:
     """(bytes a training node may use, where that figure comes from): RECFLOW_TRAIN_MEMORY_BYTES when set, else the
     GPUs' memory for GPU training (gpu_memory_bytes), the host's MemAvailable for CPU training."""
-    from tasks.core.gpus import has_gpu, hidden_by_environment
+    from tasks.core.gpus import trains_on_gpu
 
     if settings is None:
         from tasks.core.config import load_settings
@@ -144,8 +144,7 @@ def node_memory_bytes(device: str, settings: Settings | None = None, nproc: int 
         settings = load_settings()
     if settings.train_memory_bytes:
         return settings.train_memory_bytes, "RECFLOW_TRAIN_MEMORY_BYTES"
-    if device == "cuda" or (device == "auto" and has_gpu() and not hidden_by_environment()):
-        # auto on a node with a visible GPU trains on it, or the trainer refuses (tasks.core.gpus.check_usable)
+    if trains_on_gpu(device):
         return gpu_memory_bytes(nproc)
     try:
         with open("/proc/meminfo") as f:
@@ -511,10 +510,11 @@ def train_with_tf_workers(module: str, dataset_dir: Path, output_dir: Path, conf
 
 def run_module(module: str, args: list[str], *, label: str, what: str) -> None:
     """`python -m module args` in one child process (evaluation, export, scoring), its output streamed into the
-    task log; a non-zero exit raises TrainingFailed naming `what` and the child's last error line."""
+    task log; a non-zero exit raises TrainingFailed naming `what` and the child's last error line, or CannotRunHere
+    for its refusal of the node (device cuda on a CPU build: not retried)."""
     result = run_streaming([sys.executable, "-m", module, *args], env=_child_env(1), label=label)
     if result.returncode != 0:
-        raise TrainingFailed(f"{what} exited {result.returncode}: {result.last_error_line}")
+        raise _training_failed(f"{what} exited {result.returncode}", result.last_error_line)
 
 
 def evaluate_in_child(module: str, model_path: Path, dataset_dir: Path, out_dir: Path, *, mapping: str = "test",

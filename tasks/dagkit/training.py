@@ -68,13 +68,19 @@ def training_tasks(steps_module: str, *, record_failure: Callable[[dict], None],
 
     @task(**MODEL_TASK)
     def evaluate(run: dict, trained: dict, **context) -> dict:
-        return spec().evaluate(settings(), context["run_id"], run, trained)
+        from tasks.core.launch import CannotRunHere
+
+        # The evaluator's refusal of the node (the run's device cuda on a CPU build) does not get better on retry.
+        return fail_without_retry(CannotRunHere)(spec().evaluate)(settings(), context["run_id"], run, trained)
 
     @task.short_circuit(**MODEL_TASK, ignore_downstream_trigger_rules=False, on_failure_callback=record_failure)
     def gate(run: dict, metrics: dict, **context) -> bool:
+        from tasks.core.launch import CannotRunHere
+
         params = context["params"]
-        return spec().gate(settings(), context["run_id"], metrics, run, model_name=params["model_name"],
-                           aws_conn_id=params["aws_conn_id"])["passed"]
+        return fail_without_retry(CannotRunHere)(spec().gate)(settings(), context["run_id"], metrics, run,
+                                                              model_name=params["model_name"],
+                                                              aws_conn_id=params["aws_conn_id"])["passed"]
 
     @task(on_failure_callback=record_failure)
     def publish(run: dict, metrics: dict, **context) -> dict:

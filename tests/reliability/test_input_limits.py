@@ -560,6 +560,8 @@ def test_auto_device_refuses_a_gpu_node_whose_gpus_the_framework_cannot_use(tmp_
               f"torch {torch.__version__} is a CPU build", "device cpu", "CUDA_VISIBLE_DEVICES=")
     with pytest.raises(RuntimeError, match="cannot run here: .*driver lists 2 GPU.s. on this node but TensorFlow"):
         use_device("auto")
+    with pytest.raises(RuntimeError, match="cannot run here: device 'cuda' requested but TensorFlow .* CPU build"):
+        use_device("cuda")
     monkeypatch.setattr(torch.version, "cuda", "13.0")  # a CUDA build that cannot start CUDA: may recover, retried
     with pytest.raises(RuntimeError) as caught:
         select_device("auto")
@@ -632,10 +634,11 @@ def test_more_torchrun_processes_than_gpus_are_refused_before_launch(tmp_path: P
                     reason="needs a CPU build of torch, whose device cuda is a refusal (this machine's)")
 def test_a_trainer_that_cannot_run_on_its_node_fails_the_task_without_retry(tmp_path: Path, monkeypatch) -> None:
     """A refusal inside the trainer (here device cuda on this machine's CPU torch, launched by torchrun for real)
-    reaches the task as CannotRunHere, which the train task does not retry, with the trainer's one line."""
+    reaches the task as CannotRunHere, which the train task does not retry, with the trainer's one line; the
+    evaluator's (a child process too) likewise, which the evaluate and gate tasks do not retry."""
     from tasks.core.config import load_settings
     from tasks.core.launch import CannotRunHere
-    from tasks.criteo.dlrm import run_paths, train
+    from tasks.criteo.dlrm import evaluate, run_paths, train
 
     monkeypatch.setenv("RECFLOW_DATA_ROOT", str(tmp_path))
     monkeypatch.setenv("PATH", f"{tmp_path / 'no-nvidia-smi'}:{os.environ['PATH']}")
@@ -646,6 +649,9 @@ def test_a_trainer_that_cannot_run_on_its_node_fails_the_task_without_retry(tmp_
         train(settings, "run1", {**_criteo_run(), "device": "cuda"})
     _one_line(caught.value, "cannot run here: device 'cuda' requested but torch", "it is a CPU build",
               "choose device cpu or auto")
+    with pytest.raises(CannotRunHere) as caught:
+        evaluate(settings, "run1", {**_criteo_run(), "device": "cuda"})
+    _one_line(caught.value, "cannot run here: device 'cuda' requested but torch", "it is a CPU build")
 
 
 def test_demo_model_passes_the_preflight_against_this_machine(tmp_path: Path) -> None:
