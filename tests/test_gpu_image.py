@@ -60,3 +60,39 @@ def test_the_pins_are_installed_around_the_images_own_torch() -> None:
 
 def test_pairing_rule() -> None:
     assert paired_torch_minor("1.8.0") == 13 and paired_torch_minor("1.6.0") == 11
+
+
+def _nvt_guard() -> str:
+    """The Dockerfile's check before /opt/nvtabular is built, as its RUN line hands it to sh."""
+    dockerfile = (REPO / "deploy" / "Dockerfile").read_text()
+    start = dockerfile.index('RUN case "$NVT_GPU_PACKAGES"')
+    return dockerfile[start + len("RUN "):dockerfile.index("esac", start) + len("esac")]
+
+
+def test_gpu_image_refuses_cudf_23_08_on_its_python_in_one_line(tmp_path: Path) -> None:
+    """cuDF 23.08 (NVTabular 23.08's) has wheels for Python 3.9-3.10 only and the image is Python 3.11: the build
+    stops before pip with one line naming both, and builds without cuDF (the compose default) pass. Run with sh and
+    a `python` of each version (this machine has no Docker)."""
+    import subprocess
+    import sys
+
+    def build(packages: str, python_version: str) -> subprocess.CompletedProcess:
+        bin_dir = tmp_path / python_version
+        bin_dir.mkdir(exist_ok=True)
+        major, minor = python_version.split(".")[:2]
+        (bin_dir / "python").write_text(  # the image's `python`: this interpreter, reporting `python_version`
+            "#!/bin/sh\nexec " + sys.executable + " -c \"import sys, platform; "
+            f"sys.version_info = ({major}, {minor}, 0); platform.python_version = lambda: '{python_version}'; "
+            "exec(sys.argv[1])\" \"$2\"\n")
+        (bin_dir / "python").chmod(0o755)
+        return subprocess.run(["sh", "-c", _nvt_guard()], capture_output=True, text=True,
+                              env={"PATH": f"{bin_dir}:/usr/bin:/bin", "NVT_GPU_PACKAGES": packages})
+
+    cudf = "cudf-cu11==23.8.* dask-cudf-cu11==23.8.* rmm-cu11==23.8.*"
+    refused = build(cudf, "3.11.9")
+    assert refused.returncode == 1 and refused.stdout == "", refused
+    line = refused.stderr.strip()
+    assert "\n" not in line and "Python 3.9-3.10 only" in line and "Python 3.11.9" in line, line
+    assert "leave NVT_GPU_PACKAGES empty" in line and 'docs/nvtabular.md "GPU"' in line
+    assert build(cudf, "3.10.14").returncode == 0
+    assert build("", "3.11.9").returncode == 0
