@@ -18,7 +18,7 @@ from tasks.core import process
 
 from tasks.core import settings_registry, spark_submit
 from tasks.core.process import ERROR_MARKER, run_streaming
-from tasks.core.spark_submit import SPARK_JOBS_DIR, SparkJobFailed, SparkSubmit, run_spark_job
+from tasks.core.spark_submit import RAPIDS_RELEASE, SPARK_JOBS_DIR, SparkJobFailed, SparkSubmit, run_spark_job
 
 
 def conf_of(argv: list[str]) -> dict[str, str]:
@@ -174,6 +174,12 @@ def test_gpu_profile_without_jar_is_a_clear_error(monkeypatch: pytest.MonkeyPatc
     with pytest.raises(ValueError, match=r"gpu Spark profile needs the RAPIDS Accelerator jar: set RECFLOW_RAPIDS_JAR"
                                          r" \(Maven Central: https://repo1.maven.org/maven2/com/nvidia/"):
         SparkSubmit("job.py", [], profile="gpu").argv()
+    # The jar named is the one for the Scala of the Spark in use: pyspark 3.x is Scala 2.12, Spark 4 is 2.13
+    for spark_version, scala in (("3.5.3", "2.12"), ("4.1.1", "2.13")):
+        release = re.escape(RAPIDS_RELEASE)
+        jar = rf"rapids-4-spark_{scala}/{release}/rapids-4-spark_{scala}-{release}\.jar\)$"
+        with pytest.raises(ValueError, match=jar):
+            SparkSubmit("job.py", [], profile="gpu", spark_version=spark_version).argv()
 
 
 def test_unknown_profile() -> None:

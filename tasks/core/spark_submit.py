@@ -137,6 +137,13 @@ def check_rapids_spark_version(spark_version: str) -> None:
                          "supported version or use the local / cluster profile")
 
 
+def rapids_jar_url(spark_version: str) -> str:
+    """Maven Central's RAPIDS Accelerator jar for this Spark's Scala: pyspark's Spark 3.x is built for Scala 2.12,
+    Spark 4 for 2.13 (a jar of the other Scala fails on the executors, not at submit)."""
+    scala = "2.13" if _version_tuple(spark_version)[:1] >= (4,) else "2.12"
+    return RAPIDS_JAR_URL.format(scala=scala, release=RAPIDS_RELEASE)
+
+
 def rapids_shuffle_manager(spark_version: str) -> str:
     """The RAPIDS shuffle manager class of this Spark version's shim (one class per version, e.g. spark411)."""
     return f"com.nvidia.spark.rapids.spark{''.join(map(str, _version_tuple(spark_version)))}.RapidsShuffleManager"
@@ -399,11 +406,11 @@ class SparkSubmit:
 
     def argv(self) -> list[str]:
         if self.profile in GPU_PROFILES:
-            check_rapids_spark_version(self.spark_version or installed_spark_version())
+            spark_version = self.spark_version or installed_spark_version()
+            check_rapids_spark_version(spark_version)
             if not self.rapids_jar_path():
                 raise ValueError(f"the {self.profile} Spark profile needs the RAPIDS Accelerator jar: set "
-                                 f"RECFLOW_RAPIDS_JAR (Maven Central: "
-                                 f"{RAPIDS_JAR_URL.format(scala='2.13', release=RAPIDS_RELEASE)})")
+                                 f"RECFLOW_RAPIDS_JAR (Maven Central: {rapids_jar_url(spark_version)})")
         argv = [spark_submit_binary(), "--master", self.master, "--name", f"recflow:{self.job.removesuffix('.py')}"]
         for key, value in sorted(self.conf().items()):
             argv += ["--conf", f"{key}={value}"]
