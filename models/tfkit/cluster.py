@@ -95,7 +95,7 @@ def use_device(device: str) -> None:
         return
     framework, cpu_build = f"TensorFlow {tf.__version__}", not tf.test.is_built_with_cuda()
     if device == "cuda":
-        raise refuse_cuda(framework, cpu_build)  # a CPU build: tensorflow-cpu, where tensorflow[and-cuda] is needed
+        raise refuse_cuda(framework, cpu_build, cuda_build="tensorflow[and-cuda] in place of tensorflow-cpu")
     check_usable(framework, cpu_build)
 
 

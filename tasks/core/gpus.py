@@ -100,15 +100,15 @@ def check_usable(framework: str, cpu_build: bool, environ: Mapping[str, str] | N
                        "run on the CPU")
 
 
-def refuse_cuda(framework: str, cpu_build: bool) -> RuntimeError:
+def refuse_cuda(framework: str, cpu_build: bool, cuda_build: str = "its CUDA build") -> RuntimeError:
     """The error for device cuda where `framework` (e.g. "torch 2.13.0+cpu") sees no GPU: a CPU build is the
-    deployment's to fix (cannot_run_here, no retry); a CUDA build without a usable driver or GPU may recover (a plain
-    error, retried)."""
+    deployment's to fix (cannot_run_here, no retry; `cuda_build` names what to install); a CUDA build without a usable
+    driver or GPU may recover (a plain error, retried)."""
     from tasks.core.process import cannot_run_here
 
     if cpu_build:
         return cannot_run_here(f"device 'cuda' requested but {framework} sees no CUDA device: it is a CPU build; "
-                               "install its CUDA build, or choose device cpu or auto")
+                               f"install {cuda_build}, or choose device cpu or auto")
     return RuntimeError(f"device 'cuda' requested but {framework} sees no CUDA device (no driver, or GPUs not "
                         "ready); choose device cpu or auto to run without one")
 

@@ -438,10 +438,11 @@ def test_memory_need_counts_processes_and_sharding(tmp_path: Path) -> None:
 
 
 def _fake_nvidia_smi(directory: Path, output: str, exit_code: int = 0) -> str:
-    """A PATH holding an `nvidia-smi` that prints `output` (this machine has no GPU: the query is what is mocked)."""
+    """A PATH holding an `nvidia-smi` that prints `output` (this machine has no GPU: the query is what is mocked) and
+    counts its calls, one line each in `directory`/calls."""
     directory.mkdir()
     smi = directory / "nvidia-smi"
-    smi.write_text(f"#!/bin/sh\ncat <<'EOF'\n{output}EOF\nexit {exit_code}\n")
+    smi.write_text(f"#!/bin/sh\necho called >> '{directory / 'calls'}'\ncat <<'EOF'\n{output}EOF\nexit {exit_code}\n")
     smi.chmod(0o755)
     return str(directory)
 
@@ -560,12 +561,20 @@ def test_auto_device_refuses_a_gpu_node_whose_gpus_the_framework_cannot_use(tmp_
               f"torch {torch.__version__} is a CPU build", "device cpu", "CUDA_VISIBLE_DEVICES=")
     with pytest.raises(RuntimeError, match="cannot run here: .*driver lists 2 GPU.s. on this node but TensorFlow"):
         use_device("auto")
-    with pytest.raises(RuntimeError, match="cannot run here: device 'cuda' requested but TensorFlow .* CPU build"):
+    with pytest.raises(RuntimeError, match="cannot run here: device 'cuda' requested but TensorFlow .* CPU build; "
+                                           r"install tensorflow\[and-cuda\]"):
         use_device("cuda")
     monkeypatch.setattr(torch.version, "cuda", "13.0")  # a CUDA build that cannot start CUDA: may recover, retried
+    monkeypatch.setattr(tf.test, "is_built_with_cuda", lambda: True)
     with pytest.raises(RuntimeError) as caught:
         select_device("auto")
     assert "cannot start CUDA" in str(caught.value) and "cannot run here" not in str(caught.value)
+    for choose in (lambda: select_device("cuda"), lambda: use_device("cuda")):  # device cuda likewise
+        with pytest.raises(RuntimeError) as caught:
+            choose()
+        _one_line(caught.value, "device 'cuda' requested but", "GPUs not ready")
+        assert "cannot run here" not in str(caught.value)
+    monkeypatch.setattr(tf.test, "is_built_with_cuda", lambda: False)
     monkeypatch.setattr(torch.version, "cuda", None)
     assert select_device("cpu") == torch.device("cpu")
     assert node_memory_bytes("auto")[1].startswith("GPU memory (no nvidia-smi")
@@ -584,6 +593,7 @@ def test_auto_device_refuses_a_gpu_node_whose_gpus_the_framework_cannot_use(tmp_
         select_device("auto")
     _one_line(caught.value, "cannot run here: device auto: CUDA_VISIBLE_DEVICES='4' names none of the 2 GPU(s) "
               "nvidia-smi lists (0, 1)")
+    assert (tmp_path / "bin" / "calls").read_text().count("called") == 1  # asked once, on the refusal path too
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
     # A job whose cgroup refuses to open the GPU nodes (Slurm without GPUs; a directory stands for one here): the CPU
     for node in ("nvidia0", "nvidia1"):
