@@ -25,9 +25,10 @@ from tasks.core.storage import Manifest, write_manifest  # noqa: E402
 from tasks.formats.feature_spec import FeatureSpec  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
-# Synthetic cardinalities (models.dlrm.synthetic): 40, 25, 12, 8, 300 rows x 16 dims x 4 bytes. Tables over
-# 2000 bytes (table 0, a signal feature, and table 4) go to host memory.
-HOST_THRESHOLD = 2000
+# Synthetic cardinalities (models.dlrm.synthetic): 40, 25, 12, 8, 300 rows x 16 dims x 4 bytes = 2560, 1600, 768,
+# 512, 19200. The smallest stay on the device while their total is <= 3000 bytes (8, 12, 25 rows: 2880); table 0, a
+# signal feature, and table 4 go to host memory.
+HOST_THRESHOLD = 3000
 TINY = {"batch_size": 256, "eval_batch_size": 1000, "bottom_mlp_sizes": [32, 16], "top_mlp_sizes": [32, 1],
         "lr": 1.0, "warmup_steps": 10, "decay_start_step": 50, "decay_steps": 20, "log_every_steps": 20,
         "checkpoint_every_steps": 0, "device": "cpu", "intra_op_threads": 1, "inter_op_threads": 1}
@@ -158,7 +159,7 @@ HOST_PLACEMENT_SCRIPT = textwrap.dedent("""
     cpu = tf.config.list_physical_devices("CPU")[0]
     tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
     from models.dlrm_tf.model import DlrmTfModelConfig, build_model
-    config = DlrmTfModelConfig(2, [40, 25, 300], [8, 4], [8, 1], host_table_threshold_bytes=1000)
+    config = DlrmTfModelConfig(2, [40, 25, 300], [8, 4], [8, 1], host_table_threshold_bytes=1100)
     found = {}
     for strategy in (tf.distribute.OneDeviceStrategy("/cpu:1"), tf.distribute.MirroredStrategy(["/cpu:1"])):
         with strategy.scope():
@@ -166,6 +167,24 @@ HOST_PLACEMENT_SCRIPT = textwrap.dedent("""
         found[type(strategy).__name__] = {
             "tables": [(t.on_host, type(t.table.value).__name__, t.table.value.device) for t in model.tables],
             "dense": model.top_mlp[0].kernel.value.device}
+    # One training step's lookups under a mixed policy, as the trainer runs them (strategy.run, gradient tape)
+    import keras
+    keras.mixed_precision.set_global_policy("mixed_bfloat16")
+    strategy = tf.distribute.MirroredStrategy(["/cpu:1"])
+    with strategy.scope():
+        model = build_model(config)
+
+    @tf.function
+    def step(numerical, categorical):
+        def replica(numerical, categorical):
+            with tf.GradientTape() as tape:
+                loss = tf.reduce_sum(model((numerical, categorical), training=True))
+            return tape.gradient(loss, [t.table for t in model.tables])
+        return strategy.run(replica, args=(numerical, categorical))
+
+    graph = step.get_concrete_function(tf.TensorSpec([None, 2], tf.float32), tf.TensorSpec([None, 3], tf.int32)).graph
+    found["lookups"] = [(op.name, op.type, op.device, [o.shape.as_list() for o in op.outputs])
+                        for op in graph.get_operations() if "embedding_" in op.name]
     print(json.dumps(found))
 """)
 
@@ -176,8 +195,17 @@ def test_tables_over_the_threshold_live_in_host_memory_and_the_rest_where_the_st
                             timeout=120, env={**__import__("os").environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
     assert result.returncode == 0, result.stderr[-2000:]
     found = json.loads(result.stdout.strip().splitlines()[-1])
+    # The host table's rows are read where it lives (a sparse read on the host), not the whole table copied to the
+    # strategy's device each step; no table is read whole and cast to the policy's bf16 (only looked-up rows are).
+    lookups = found.pop("lookups")
+    gathers = {name.split("/")[1]: (kind, device) for name, kind, device, _ in lookups if "Gather" in kind
+               and "gradient" not in name}
+    assert gathers["embedding_2_1"][0] == "ResourceGather" and gathers["embedding_2_1"][1].endswith("CPU:0"), gathers
+    assert [name for name, kind, device, shapes in lookups if "embedding_2" in name and kind == "ReadVariableOp"] == []
+    casts = [shapes for name, kind, _, shapes in lookups if kind == "Cast"]
+    assert casts and all(shape[0] is None for shapes in casts for shape in shapes), casts
     for strategy, placed in found.items():
-        big, small, huge = placed["tables"]  # 40x4x4 = 640 B, 25x4x4 = 400 B, 300x4x4 = 4800 B; threshold 1000
+        big, small, huge = placed["tables"]  # 40x4x4 = 640 B, 25x4x4 = 400 B, 300x4x4 = 4800 B; threshold 1100
         assert placed["dense"].endswith("CPU:1"), strategy
         assert not big[0] and big[2].endswith("CPU:1") and not small[0] and small[2].endswith("CPU:1"), strategy
         assert huge[0] and huge[2].endswith("CPU:0") and huge[1] == "ResourceVariable", strategy

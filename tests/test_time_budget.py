@@ -87,3 +87,22 @@ def test_the_shared_tasks_fail_a_refusal_of_the_node_without_retry_and_retry_oth
     for call in calls.values():
         with pytest.raises(TrainingFailed, match="disk full"):
             call()
+
+
+def test_a_model_child_refusing_its_node_is_cannot_run_here_and_its_tensorflow_grows_into_the_gpu(
+        tmp_path, monkeypatch) -> None:
+    """run_module (evaluation, export, scoring): a child's marked refusal is CannotRunHere (the evaluate and gate
+    tasks do not retry it), and a TensorFlow child is told to take GPU memory as it needs it (it sees the worker's
+    GPUs beside other jobs' processes)."""
+    from tasks.core.launch import run_module
+
+    (tmp_path / "refusing_child.py").write_text(
+        "import os, sys\n"
+        "open(sys.argv[1], 'w').write(os.environ.get('TF_FORCE_GPU_ALLOW_GROWTH', 'unset'))\n"
+        "print('RECFLOW-ERROR: cannot run here: device cuda on a CPU build', flush=True)\n"
+        "sys.exit(1)\n")
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    monkeypatch.delenv("TF_FORCE_GPU_ALLOW_GROWTH", raising=False)
+    with pytest.raises(CannotRunHere, match="^cannot run here: device cuda on a CPU build$"):
+        run_module("refusing_child", [str(tmp_path / "env")], label="evaluate", what="evaluation")
+    assert (tmp_path / "env").read_text() == "true"

@@ -18,6 +18,7 @@ from typing import Any
 
 from models.common.config_flags import add_config_flags, config_from_dict, namespace_values, option
 from models.dlrm.config import DlrmConfig, LrSchedule, resolve_schedule
+from tasks.core.dlrm_knobs import HOST_TABLE_THRESHOLD_BYTES
 
 # DlrmConfig fields with no TensorFlow meaning here, and why (logged once when set away from their default).
 PYTORCH_ONLY = {
@@ -33,7 +34,6 @@ PYTORCH_ONLY = {
     "tf32": "torch's TF32 switch; TensorFlow runs fp32 matmuls on TF32 tensor cores by default",
 }
 # NVIDIA TF2 --cpu_offloading_threshold_gb default: 75 GB of embedding tables per worker before offloading.
-HOST_TABLE_THRESHOLD_BYTES = 75 * 10**9
 
 
 @dataclass
@@ -50,8 +50,9 @@ class DlrmTfConfig(DlrmConfig):
     num_cross_layers: int = option(3, "DCNv2 cross layers (interaction=cross)")
     cross_layer_projection_dim: int = option(512, "DCNv2 low-rank projection (0: full rank)")
     host_table_threshold_bytes: int = option(HOST_TABLE_THRESHOLD_BYTES,
-                                             "embedding tables over this many bytes (rows x dim x 4) live in host "
-                                             "memory (/CPU:0) instead of on the strategy's devices")
+                                             "embedding tables live on the strategy's devices up to this many "
+                                             "bytes in all (rows x dim x 4, smallest first); the largest, beyond "
+                                             "it, in host memory (/CPU:0): NVIDIA's --cpu_offloading_threshold_gb")
     # accepted for the PyTorch trainer's command line, ignored here (PYTORCH_ONLY)
     sharding: str = option("data_parallel", "PyTorch (TorchRec) embedding sharding: ignored by the TF2 trainer")
     # test hook

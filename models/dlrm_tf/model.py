@@ -12,11 +12,13 @@ embedding rows Uniform(+-sqrt(1/rows)); Cross kernels truncated normal, biases z
 zero padding of the MLP inputs to a multiple of 8 (tensor-core alignment; the padded columns are always 0) and the
 fused CUDA interaction kernel.
 
-Tables bigger than one worker (docs/dlrm_tf.md): a table of more than `host_table_threshold_bytes` (rows x d x 4)
-is created in host memory (`HOST_DEVICE`) as a plain per-worker variable, outside the strategy's mirrored
-placement - the "memory donor" of NVIDIA's --cpu_offloading_threshold_gb. Its lookups run on the host; the trainer
-sums its sparse gradients across workers itself (models.dlrm_tf.train), because the strategy only updates the
-mirrored variables. All other variables follow the strategy's devices.
+Tables bigger than one worker (docs/dlrm_tf.md): the tables beyond `host_table_threshold_bytes` in all (rows x d x 4;
+the smallest stay on the device, NVIDIA's --cpu_offloading_threshold_gb rule) are created in host memory
+(`HOST_DEVICE`) as plain per-worker variables, outside the strategy's mirrored placement. Their lookups run on the
+host, so only the looked-up rows go to the device; the trainer sums their sparse gradients across workers itself
+(models.dlrm_tf.train), because the strategy only updates the mirrored variables. All other variables follow the
+strategy's devices. Every lookup reads rows of the fp32 table (a sparse read, no whole-table read or cast under a
+mixed-precision policy) and casts only those rows to the compute dtype.
 """
 
 from __future__ import annotations
@@ -30,6 +32,8 @@ from typing import Any
 
 import keras
 import tensorflow as tf
+
+from tasks.core.dlrm_knobs import host_table_indices
 
 HOST_DEVICE = "/CPU:0"
 FLOAT32_BYTES = 4
@@ -78,8 +82,9 @@ class DlrmTfModelConfig:
         return [rows * self.embedding_dim * FLOAT32_BYTES for rows in self.table_sizes()]
 
     def host_tables(self) -> list[int]:
-        """Indices of the tables placed in host memory (over the threshold)."""
-        return [i for i, size in enumerate(self.table_bytes()) if size > self.host_table_threshold_bytes]
+        """Indices of the tables placed in host memory: the largest, beyond the threshold's total
+        (tasks.core.dlrm_knobs.host_table_indices)."""
+        return host_table_indices(self.table_bytes(), self.host_table_threshold_bytes)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -115,7 +120,8 @@ class EmbeddingTable(keras.layers.Layer):
     """One categorical feature's [rows, dim] table (NVIDIA's uniform init), looked up with tf.gather."""
 
     def __init__(self, rows: int, dim: int, on_host: bool, hash_indices: bool, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
+        # autocast off, as Keras' own Embedding: under a mixed policy reading the variable would cast the whole table
+        super().__init__(autocast=False, **kwargs)
         self.rows, self.dim, self.on_host, self.hash_indices = rows, dim, on_host, hash_indices
         bound = math.sqrt(1.0 / rows)
         with host_placement() if on_host else contextlib.nullcontext():
@@ -125,7 +131,12 @@ class EmbeddingTable(keras.layers.Layer):
     def call(self, ids: tf.Tensor) -> tf.Tensor:
         if self.hash_indices:
             ids = tf.math.floormod(ids, self.rows)
-        return tf.cast(tf.gather(self.table, ids), self.compute_dtype)
+        # The tf.Variable itself: tf.gather reads its rows where it lives (ResourceGather). On the Keras variable it
+        # would read the whole table and gather on the replica's device, copying a host table to the GPU each step.
+        table = self.table.value
+        with tf.device(HOST_DEVICE) if self.on_host else contextlib.nullcontext():
+            rows = tf.gather(table, ids)
+        return tf.cast(rows, self.compute_dtype)
 
 
 class Cross(keras.layers.Layer):

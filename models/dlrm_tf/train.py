@@ -95,10 +95,10 @@ def _setup(cfg: DlrmTfConfig, ctx: WorkerContext) -> _Run:
     host = model_cfg.host_tables()
     log(f"embedding tables: {len(model_cfg.table_sizes())} tables, {sum(model_cfg.table_sizes()):,} rows x "
         f"{model_cfg.embedding_dim} dims = {format_bytes(sum(model_cfg.table_bytes()))} (fp32); in host memory "
-        f"(over {format_bytes(cfg.host_table_threshold_bytes)}): "
+        f"(the largest, beyond {format_bytes(cfg.host_table_threshold_bytes)} on the device): "
         + (", ".join(f"{i} ({format_bytes(model_cfg.table_bytes()[i])})" for i in host) if host else "none"))
     if host and cfg.xla and tf.config.list_logical_devices("GPU"):
-        raise cannot_run_here(f"--xla with {len(host)} embedding table(s) in host memory (over "
+        raise cannot_run_here(f"--xla with {len(host)} embedding table(s) in host memory (beyond "
                               f"--host_table_threshold_bytes {cfg.host_table_threshold_bytes:,}) on a GPU: an XLA "
                               "step on the GPU cannot read variables on the host; drop --xla, or raise the threshold "
                               "if the GPU holds the tables")

@@ -20,6 +20,7 @@ from typing import Any
 import tensorflow as tf
 
 from tasks.core.gpus import check_usable, refuse_cuda
+from tasks.core.launch import TF_COLLECTIVE_ENV
 
 
 class ClusterConfigError(ValueError):
@@ -99,6 +100,18 @@ def use_device(device: str) -> None:
     check_usable(framework, cpu_build)
 
 
+def collective_implementation(environ: Mapping[str, str] | None = None) -> Any:
+    """How MultiWorkerMirroredStrategy all-reduces: NCCL where the launcher gave each worker a GPU of its own
+    (RECFLOW_TF_COLLECTIVE=nccl, tasks.core.launch.tf_worker_envs) and TensorFlow may use it (not hidden by device
+    cpu), else AUTO, which in TF2 is its ring over gRPC (NCCL only when asked for: the collective_nccl config is set
+    in TF1 graph mode alone)."""
+    environ = os.environ if environ is None else environ
+    implementation = tf.distribute.experimental.CommunicationImplementation
+    if environ.get(TF_COLLECTIVE_ENV) == "nccl" and tf.config.get_visible_devices("GPU"):
+        return implementation.NCCL
+    return implementation.AUTO
+
+
 def start_worker(intra_op_threads: int = 0, inter_op_threads: int = 0,
                  environ: Mapping[str, str] | None = None, device: str = "auto") -> WorkerContext:
     """The device (use_device), threads, then the strategy, before any other TF op; call once at the start of a
@@ -107,8 +120,7 @@ def start_worker(intra_op_threads: int = 0, inter_op_threads: int = 0,
     index, workers = read_tf_config(environ)
     intra, inter = configure_threads(intra_op_threads, inter_op_threads)
     if workers > 1:
-        options = tf.distribute.experimental.CommunicationOptions(
-            implementation=tf.distribute.experimental.CommunicationImplementation.AUTO)
+        options = tf.distribute.experimental.CommunicationOptions(implementation=collective_implementation(environ))
         strategy: tf.distribute.Strategy = tf.distribute.MultiWorkerMirroredStrategy(communication_options=options)
     else:
         gpus = tf.config.list_logical_devices("GPU")

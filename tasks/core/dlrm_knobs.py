@@ -111,10 +111,31 @@ def time_budget(run: Mapping[str, Any]) -> float:
     return float(run.get("time_budget_s" if resumes else "attempt_time_s", 0.0))
 
 
-def dlrm_memory_need(dataset_dir: Path, config: Mapping[str, Any]) -> MemoryNeed:
+# NVIDIA's TF2 --cpu_offloading_threshold_gb default (75): the TF2 DLRM's tables beyond it in all live in host memory.
+HOST_TABLE_THRESHOLD_BYTES = 75 * 10**9
+
+
+def host_table_indices(table_bytes: Sequence[int], threshold: int) -> list[int]:
+    """The tables that live in host memory, NVIDIA's rule for --cpu_offloading_threshold_gb (DualEmbeddingGroup):
+    the smallest tables stay on the device while their total is at most `threshold` bytes, and the rest, the
+    largest, go to the host. The threshold bounds what the tables take of the device, not any one table."""
+    order = sorted(range(len(table_bytes)), key=lambda i: (table_bytes[i], i))
+    total = 0
+    for position, i in enumerate(order):
+        total += table_bytes[i]
+        if total > threshold:
+            return sorted(order[position:])
+    return []
+
+
+def dlrm_memory_need(dataset_dir: Path, config: Mapping[str, Any], *,
+                     host_table_threshold: int | None = None) -> MemoryNeed:
     """The least memory a DLRM trainer needs for the dataset's FeatureSpec and a dlrm_model_config: fp32 embedding
     tables (rows capped by max_table_size; weights only, their gradients are sparse) and the bottom / top MLPs
-    (weights and gradients). Replicated in every process with data_parallel, split across the job otherwise."""
+    (weights and gradients). Replicated in every process with data_parallel, split across the job otherwise.
+    host_table_threshold: the TF2 trainer's (host_table_indices): on a GPU the tables beyond it live in host memory,
+    so they are not counted against the GPU's (NVIDIA's CPU offloading)."""
+    from tasks.core.gpus import trains_on_gpu
     from tasks.core.launch import MemoryNeed
     from tasks.formats.feature_spec import FEATURE_SPEC_FILE, FeatureSpec
 
@@ -125,11 +146,16 @@ def dlrm_memory_need(dataset_dir: Path, config: Mapping[str, Any]) -> MemoryNeed
     dim, features = bottom[-1], len(rows) + 1
     dense = _mlp_params(spec.get_number_of_numerical_features(), bottom)
     dense += _mlp_params(features * (features - 1) // 2 + dim, top)  # input: the pairwise dots + the bottom output
-    tables = sum(rows) * dim * 4
+    table_bytes = [r * dim * 4 for r in rows]
+    hosted = (host_table_indices(table_bytes, host_table_threshold)
+              if host_table_threshold is not None and trains_on_gpu(str(config.get("device", "auto"))) else [])
+    tables = sum(table_bytes) - sum(table_bytes[i] for i in hosted)
     replicated = config.get("sharding", "data_parallel") == "data_parallel"
+    what = f"DLRM with {len(rows)} embedding tables of {sum(rows):,} rows x {dim}"
+    if hosted:
+        what += f" ({len(hosted)} of them, {sum(table_bytes[i] for i in hosted) / (1 << 30):.1f} GiB, in host memory)"
     return MemoryNeed(replicated=dense * 4 * 2 + (tables if replicated else 0), sharded=0 if replicated else tables,
-                      what=f"DLRM with {len(rows)} embedding tables of {sum(rows):,} rows x {dim}",
-                      lower="max_table_size (with hash_indices), the MLP widths or nproc, or shard the tables")
+                      what=what, lower="max_table_size (with hash_indices), the MLP widths or nproc, or shard the tables")
 
 
 def _mlp_params(inputs: int, widths: Sequence[int]) -> int:

@@ -413,6 +413,7 @@ def train_with_torchrun(module: str, dataset_dir: Path, output_dir: Path, config
     return _training_result(output_dir, TORCH_MODEL_FILE, done)
 
 
+TF_COLLECTIVE_ENV = "RECFLOW_TF_COLLECTIVE"  # tf_worker_envs -> models.tfkit.cluster.start_worker: nccl or ring
 TF_MODEL_FILE = "model.weights.h5"  # Keras weights; the trainer writes model_config.json (the sizes) beside it
 
 
@@ -449,6 +450,9 @@ def tf_worker_envs(workers: int, *, ports: list[int] | None = None, host: str = 
             env["CUDA_VISIBLE_DEVICES"] = devices[local % len(devices)]
             if workers > len(devices):  # workers share a GPU: TF would otherwise reserve all of it for the first
                 env.setdefault("TF_FORCE_GPU_ALLOW_GROWTH", "true")
+            # All-reduce by NCCL where each worker has a GPU of its own (TF's AUTO is its ring over gRPC through the
+            # hosts); NCCL refuses two ranks on one GPU. Every node of a job must decide alike: alike nodes.
+            env[TF_COLLECTIVE_ENV] = "nccl" if workers <= len(devices) else "ring"
         if len(cluster) > 1:
             env["TF_CONFIG"] = json.dumps({"cluster": {"worker": cluster}, "task": {"type": "worker", "index": index}})
         env.update({"TF_NUM_INTRAOP_THREADS": str(intra), "TF_NUM_INTEROP_THREADS": str(min(2, intra)),
@@ -511,8 +515,12 @@ def train_with_tf_workers(module: str, dataset_dir: Path, output_dir: Path, conf
 def run_module(module: str, args: list[str], *, label: str, what: str) -> None:
     """`python -m module args` in one child process (evaluation, export, scoring), its output streamed into the
     task log; a non-zero exit raises TrainingFailed naming `what` and the child's last error line, or CannotRunHere
-    for its refusal of the node (device cuda on a CPU build: not retried)."""
-    result = run_streaming([sys.executable, "-m", module, *args], env=_child_env(1), label=label)
+    for its refusal of the node (device cuda on a CPU build: not retried). A TensorFlow child takes GPU memory as it
+    needs it, not nearly all of every GPU it sees at start as TF does by default, which would starve a training or
+    Spark job sharing the GPU worker."""
+    env = _child_env(1)
+    env.setdefault("TF_FORCE_GPU_ALLOW_GROWTH", "true")
+    result = run_streaming([sys.executable, "-m", module, *args], env=env, label=label)
     if result.returncode != 0:
         raise _training_failed(f"{what} exited {result.returncode}", result.last_error_line)
 

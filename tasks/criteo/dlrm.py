@@ -104,17 +104,19 @@ def model_config(knobs: dict[str, Any], device: str) -> dict[str, Any]:
 def train(settings: Settings, run_id: str, run: dict[str, Any]) -> dict[str, Any]:
     """torchrun on nproc processes (PyTorch), or nproc TensorFlow workers (MultiWorkerMirroredStrategy)."""
     from tasks.core.launch import train_with_tf_workers, train_with_torchrun
-    from tasks.core.dlrm_knobs import dlrm_memory_need, time_budget
+    from tasks.core.dlrm_knobs import HOST_TABLE_THRESHOLD_BYTES, dlrm_memory_need, time_budget
 
     paths = run_paths(settings, run_id)
     config = model_config(run["knobs"], run["device"])
-    memory = dlrm_memory_need(paths.dataset, config)  # checked against the node before anything is launched
     if framework_of(run) == "tensorflow":
+        # checked against the node before anything is launched; on a GPU the largest tables may live in host memory
+        memory = dlrm_memory_need(paths.dataset, config, host_table_threshold=HOST_TABLE_THRESHOLD_BYTES)
         return train_with_tf_workers(FRAMEWORKS["tensorflow"][0], paths.dataset, paths.train, config,
                                      workers=run["nproc"], label=f"train {run_id}", memory=memory,
                                      time_budget_s=time_budget(run))
     return train_with_torchrun(TRAIN_MODULE, paths.dataset, paths.train, config, nproc=run["nproc"],
-                               label=f"train {run_id}", memory=memory, time_budget_s=time_budget(run))
+                               label=f"train {run_id}", memory=dlrm_memory_need(paths.dataset, config),
+                               time_budget_s=time_budget(run))
 
 
 def evaluate(settings: Settings, run_id: str, run: dict[str, Any], trained: dict[str, Any] | None = None,

@@ -437,6 +437,32 @@ def test_memory_need_counts_processes_and_sharding(tmp_path: Path) -> None:
     assert sharded.sharded == 4_000_000 * dim * 4 and sharded.per_node(4) < need.per_node(4)
 
 
+def test_tf_host_tables_are_nvidias_offloading_rule_and_not_counted_against_the_gpu(tmp_path: Path) -> None:
+    """The TF2 DLRM keeps the smallest tables on the GPU while their total is within the threshold and puts the
+    largest in host memory (NVIDIA's DualEmbeddingGroup), so a table set larger than the GPU trains: the preflight
+    counts only the GPU's tables against the GPU's memory, and all of them when training on the CPU."""
+    from tasks.core.dlrm_knobs import dlrm_memory_need, host_table_indices
+    from tasks.criteo.dlrm import model_config
+    from tasks.criteo.profiles import PROFILES
+
+    assert host_table_indices([10, 50, 30, 5], 45) == [1]  # 5 + 10 + 30 = 45 stay; 50 goes
+    assert host_table_indices([10, 50, 30, 5], 44) == [1, 2]
+    assert host_table_indices([10, 50, 30, 5], 95) == [] and host_table_indices([], 0) == []
+    assert host_table_indices([20, 20, 20], 30) == [1, 2]  # equal sizes: the earlier table stays
+    # Many tables each under the threshold but together over it: NVIDIA's rule offloads some (a per-table rule none)
+    assert host_table_indices([40] * 4, 100) == [2, 3]
+
+    dataset = _dataset(tmp_path / "dataset", [1_000_000] * 4)
+    config = model_config(dict(PROFILES["demo"]), "cuda")
+    table = 1_000_000 * config["bottom_mlp_sizes"][-1] * 4
+    everything = dlrm_memory_need(dataset, config)
+    on_gpu = dlrm_memory_need(dataset, config, host_table_threshold=2 * table)
+    assert everything.replicated - on_gpu.replicated == 2 * table
+    assert "(2 of them, " in on_gpu.what and "in host memory)" in on_gpu.what
+    on_cpu = dlrm_memory_need(dataset, {**config, "device": "cpu"}, host_table_threshold=2 * table)
+    assert on_cpu.replicated == everything.replicated
+
+
 def _fake_nvidia_smi(directory: Path, output: str, exit_code: int = 0) -> str:
     """A PATH holding an `nvidia-smi` that prints `output` (this machine has no GPU: the query is what is mocked) and
     counts its calls, one line each in `directory`/calls."""
@@ -500,6 +526,23 @@ def test_gpu_training_is_checked_against_the_gpus_its_processes_get(tmp_path: Pa
     _one_line(caught.value, "nvidia-smi memory.total: 2 process(es) on GPU(s) 0, 1", "RECFLOW_TRAIN_MEMORY_BYTES")
 
 
+def test_tensorflow_workers_all_reduce_by_nccl_only_on_gpus_of_their_own(monkeypatch) -> None:
+    """The worker's side of RECFLOW_TF_COLLECTIVE: NCCL when the launcher says so and TensorFlow may use a GPU (the
+    GPU is mocked: this TensorFlow is a CPU build), TF's AUTO (its ring) otherwise, e.g. under device cpu."""
+    import tensorflow as tf
+
+    from models.tfkit.cluster import collective_implementation
+
+    implementation = tf.distribute.experimental.CommunicationImplementation
+    gpu = tf.config.PhysicalDevice("/physical_device:GPU:0", "GPU")
+    monkeypatch.setattr(tf.config, "get_visible_devices", lambda kind=None: [gpu] if kind == "GPU" else [])
+    assert collective_implementation({"RECFLOW_TF_COLLECTIVE": "nccl"}) == implementation.NCCL
+    assert collective_implementation({"RECFLOW_TF_COLLECTIVE": "ring"}) == implementation.AUTO
+    assert collective_implementation({}) == implementation.AUTO
+    monkeypatch.setattr(tf.config, "get_visible_devices", lambda kind=None: [])  # device cpu hid the GPU
+    assert collective_implementation({"RECFLOW_TF_COLLECTIVE": "nccl"}) == implementation.AUTO
+
+
 def test_tensorflow_workers_get_one_gpu_each(tmp_path: Path, monkeypatch) -> None:
     from tasks.core import gpus
     from tasks.core.launch import tf_worker_envs
@@ -509,7 +552,12 @@ def test_tensorflow_workers_get_one_gpu_each(tmp_path: Path, monkeypatch) -> Non
     envs = tf_worker_envs(3, ports=[4001, 4002, 4003], cores=6, devices=["0", "1"])
     assert [env["CUDA_VISIBLE_DEVICES"] for env in envs] == ["0", "1", "0"]
     assert all(env["TF_FORCE_GPU_ALLOW_GROWTH"] == "true" for env in envs)  # two workers on GPU 0
-    assert "TF_FORCE_GPU_ALLOW_GROWTH" not in tf_worker_envs(2, ports=[4001, 4002], devices=["0", "1"])[0]
+    own = tf_worker_envs(2, ports=[4001, 4002], devices=["0", "1"])
+    assert "TF_FORCE_GPU_ALLOW_GROWTH" not in own[0]
+    # Their all-reduce: NCCL where each has a GPU of its own; NCCL refuses two ranks on one GPU, so sharing is RING
+    assert [env["RECFLOW_TF_COLLECTIVE"] for env in own] == ["nccl", "nccl"]
+    assert {env["RECFLOW_TF_COLLECTIVE"] for env in envs} == {"ring"}
+    assert "RECFLOW_TF_COLLECTIVE" not in tf_worker_envs(2, ports=[4001, 4002], devices=[])[0]  # no GPU
     none = str(tmp_path / "none")  # a PATH without nvidia-smi: the entries as given, up to CUDA's first invalid one
     assert gpus.worker_devices(3, {"PATH": none, "CUDA_VISIBLE_DEVICES": "GPU-b, 3"}) == ["GPU-b", "3", "GPU-b"]
     assert gpus.worker_devices(2, {"PATH": none, "CUDA_VISIBLE_DEVICES": "0,-1,1"}) == ["0", "0"]
