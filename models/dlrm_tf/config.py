@@ -33,7 +33,6 @@ PYTORCH_ONLY = {
     "copy_ahead": "the PyTorch loop's pinned batches copied on a CUDA side stream; tf.data prefetches the TF2 batches",
     "tf32": "torch's TF32 switch; TensorFlow runs fp32 matmuls on TF32 tensor cores by default",
 }
-# NVIDIA TF2 --cpu_offloading_threshold_gb default: 75 GB of embedding tables per worker before offloading.
 
 
 @dataclass

@@ -33,7 +33,7 @@ from typing import Any
 import keras
 import tensorflow as tf
 
-from tasks.core.dlrm_knobs import host_table_indices
+from tasks.core.dlrm_knobs import HOST_TABLE_THRESHOLD_BYTES, host_table_indices
 
 HOST_DEVICE = "/CPU:0"
 FLOAT32_BYTES = 4
@@ -52,7 +52,7 @@ class DlrmTfModelConfig:
     interaction: str = "dot"
     num_cross_layers: int = 3
     cross_layer_projection_dim: int = 512
-    host_table_threshold_bytes: int = 75 * 10**9
+    host_table_threshold_bytes: int = HOST_TABLE_THRESHOLD_BYTES
 
     def __post_init__(self) -> None:
         self.categorical_cardinalities = [int(c) for c in self.categorical_cardinalities]
@@ -133,8 +133,9 @@ class EmbeddingTable(keras.layers.Layer):
             ids = tf.math.floormod(ids, self.rows)
         # The tf.Variable itself: tf.gather reads its rows where it lives (ResourceGather). On the Keras variable it
         # would read the whole table and gather on the replica's device, copying a host table to the GPU each step.
+        # Pinned to the host under a strategy only: a SavedModel's variables carry no device.
         table = self.table.value
-        with tf.device(HOST_DEVICE) if self.on_host else contextlib.nullcontext():
+        with tf.device(HOST_DEVICE) if self.on_host and tf.distribute.has_strategy() else contextlib.nullcontext():
             rows = tf.gather(table, ids)
         return tf.cast(rows, self.compute_dtype)
 

@@ -133,8 +133,9 @@ def dlrm_memory_need(dataset_dir: Path, config: Mapping[str, Any], *,
     """The least memory a DLRM trainer needs for the dataset's FeatureSpec and a dlrm_model_config: fp32 embedding
     tables (rows capped by max_table_size; weights only, their gradients are sparse) and the bottom / top MLPs
     (weights and gradients). Replicated in every process with data_parallel, split across the job otherwise.
-    host_table_threshold: the TF2 trainer's (host_table_indices): on a GPU the tables beyond it live in host memory,
-    so they are not counted against the GPU's (NVIDIA's CPU offloading)."""
+    host_table_threshold: given for the TF2 trainer, which replicates every table in every process (it ignores
+    sharding) and, on a GPU, keeps the tables beyond the threshold in host memory (host_table_indices, NVIDIA's CPU
+    offloading): those count against the host's memory (MemoryNeed.host), not the GPU's."""
     from tasks.core.gpus import trains_on_gpu
     from tasks.core.launch import MemoryNeed
     from tasks.formats.feature_spec import FEATURE_SPEC_FILE, FeatureSpec
@@ -149,13 +150,15 @@ def dlrm_memory_need(dataset_dir: Path, config: Mapping[str, Any], *,
     table_bytes = [r * dim * 4 for r in rows]
     hosted = (host_table_indices(table_bytes, host_table_threshold)
               if host_table_threshold is not None and trains_on_gpu(str(config.get("device", "auto"))) else [])
-    tables = sum(table_bytes) - sum(table_bytes[i] for i in hosted)
-    replicated = config.get("sharding", "data_parallel") == "data_parallel"
+    host = sum(table_bytes[i] for i in hosted)
+    tables = sum(table_bytes) - host
+    replicated = host_table_threshold is not None or config.get("sharding", "data_parallel") == "data_parallel"
     what = f"DLRM with {len(rows)} embedding tables of {sum(rows):,} rows x {dim}"
     if hosted:
-        what += f" ({len(hosted)} of them, {sum(table_bytes[i] for i in hosted) / (1 << 30):.1f} GiB, in host memory)"
+        what += f" ({len(hosted)} of them, {host / (1 << 30):.1f} GiB, in host memory)"
     return MemoryNeed(replicated=dense * 4 * 2 + (tables if replicated else 0), sharded=0 if replicated else tables,
-                      what=what, lower="max_table_size (with hash_indices), the MLP widths or nproc, or shard the tables")
+                      what=what, lower="max_table_size (with hash_indices), the MLP widths or nproc, or shard the tables",
+                      host=host)
 
 
 def _mlp_params(inputs: int, widths: Sequence[int]) -> int:

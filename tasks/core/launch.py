@@ -102,12 +102,15 @@ def check_one_gpu_each(nproc: int, device: str, environ: Mapping[str, str] | Non
 class MemoryNeed:
     """The least memory a training job needs, by how it scales: `replicated` bytes in every process (dense layers,
     data-parallel embedding tables), `sharded` bytes split across all processes of the job (sharded tables).
-    `what` describes the model, `lower` names the knobs that make it smaller (both for the refusal's line)."""
+    `what` describes the model, `lower` names the knobs that make it smaller (both for the refusal's line).
+    `host`: bytes every process holds in host memory beside what it holds on its GPU (the TF2 DLRM's host-memory
+    tables), checked against the host's memory when the job trains on GPUs."""
 
     replicated: int
     sharded: int
     what: str
     lower: str
+    host: int = 0
 
     def per_node(self, nproc: int, nnodes: int = 1) -> int:
         return self.replicated * nproc + -(-self.sharded // nnodes)
@@ -146,6 +149,11 @@ def node_memory_bytes(device: str, settings: Settings | None = None, nproc: int 
         return settings.train_memory_bytes, "RECFLOW_TRAIN_MEMORY_BYTES"
     if trains_on_gpu(device):
         return gpu_memory_bytes(nproc)
+    return host_memory_bytes()
+
+
+def host_memory_bytes() -> tuple[int | None, str]:
+    """(this host's MemAvailable, where it comes from)."""
     try:
         with open("/proc/meminfo") as f:
             for line in f:
@@ -162,6 +170,14 @@ def check_memory(need: MemoryNeed, nproc: int, *, device: str = "cpu", nodes: No
     None = node_memory_bytes(device). Logs the comparison either way."""
     nnodes = nodes.nnodes if nodes is not None else 1
     needed = need.per_node(nproc, nnodes)
+    if need.host:
+        from tasks.core.gpus import trains_on_gpu
+
+        host, host_source = host_memory_bytes()
+        if host is not None and trains_on_gpu(device) and need.host * nproc > host:
+            raise ModelTooLarge(f"{need.what} needs at least {_gib(need.host * nproc)} of host memory on this node "
+                                f"({nproc} process(es) x {_gib(need.host)}), more than the {_gib(host)} it has "
+                                f"({host_source}): lower {need.lower}")
     if available is None:
         available, source = node_memory_bytes(device, nproc=nproc)
     if available is None:
@@ -448,11 +464,13 @@ def tf_worker_envs(workers: int, *, ports: list[int] | None = None, host: str = 
         env.pop("TF_CONFIG", None)
         if devices:
             env["CUDA_VISIBLE_DEVICES"] = devices[local % len(devices)]
-            if workers > len(devices):  # workers share a GPU: TF would otherwise reserve all of it for the first
+            # worker_devices repeats GPUs (one entry per worker): workers share one when there are fewer distinct
+            shared = workers > len(set(devices))
+            if shared:  # TF would otherwise reserve all of the GPU for the first worker on it
                 env.setdefault("TF_FORCE_GPU_ALLOW_GROWTH", "true")
             # All-reduce by NCCL where each worker has a GPU of its own (TF's AUTO is its ring over gRPC through the
             # hosts); NCCL refuses two ranks on one GPU. Every node of a job must decide alike: alike nodes.
-            env[TF_COLLECTIVE_ENV] = "nccl" if workers <= len(devices) else "ring"
+            env[TF_COLLECTIVE_ENV] = "ring" if shared else "nccl"
         if len(cluster) > 1:
             env["TF_CONFIG"] = json.dumps({"cluster": {"worker": cluster}, "task": {"type": "worker", "index": index}})
         env.update({"TF_NUM_INTRAOP_THREADS": str(intra), "TF_NUM_INTEROP_THREADS": str(min(2, intra)),

@@ -110,7 +110,8 @@ def train(settings: Settings, run_id: str, run: dict[str, Any]) -> dict[str, Any
     config = model_config(run["knobs"], run["device"])
     if framework_of(run) == "tensorflow":
         # checked against the node before anything is launched; on a GPU the largest tables may live in host memory
-        memory = dlrm_memory_need(paths.dataset, config, host_table_threshold=HOST_TABLE_THRESHOLD_BYTES)
+        memory = dlrm_memory_need(paths.dataset, config, host_table_threshold=config.get(
+            "host_table_threshold_bytes", HOST_TABLE_THRESHOLD_BYTES))
         return train_with_tf_workers(FRAMEWORKS["tensorflow"][0], paths.dataset, paths.train, config,
                                      workers=run["nproc"], label=f"train {run_id}", memory=memory,
                                      time_budget_s=time_budget(run))

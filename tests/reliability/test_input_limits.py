@@ -441,7 +441,10 @@ def test_tf_host_tables_are_nvidias_offloading_rule_and_not_counted_against_the_
     """The TF2 DLRM keeps the smallest tables on the GPU while their total is within the threshold and puts the
     largest in host memory (NVIDIA's DualEmbeddingGroup), so a table set larger than the GPU trains: the preflight
     counts only the GPU's tables against the GPU's memory, and all of them when training on the CPU."""
+    import dataclasses
+
     from tasks.core.dlrm_knobs import dlrm_memory_need, host_table_indices
+    from tasks.core.launch import ModelTooLarge, check_memory
     from tasks.criteo.dlrm import model_config
     from tasks.criteo.profiles import PROFILES
 
@@ -460,7 +463,17 @@ def test_tf_host_tables_are_nvidias_offloading_rule_and_not_counted_against_the_
     assert everything.replicated - on_gpu.replicated == 2 * table
     assert "(2 of them, " in on_gpu.what and "in host memory)" in on_gpu.what
     on_cpu = dlrm_memory_need(dataset, {**config, "device": "cpu"}, host_table_threshold=2 * table)
-    assert on_cpu.replicated == everything.replicated
+    assert on_cpu.replicated == everything.replicated and on_cpu.host == 0
+    # The host tables count against the host, one copy per process (each TF worker holds its own)
+    assert on_gpu.host == 2 * table
+    check_memory(on_gpu, 2, device="cuda", available=on_gpu.per_node(2), source="test")  # this host: ~24 GB
+    huge = dataclasses.replace(on_gpu, host=1 << 50)
+    with pytest.raises(ModelTooLarge) as caught:
+        check_memory(huge, 2, device="cuda", available=huge.per_node(2), source="test")
+    _one_line(caught.value, "of host memory on this node (2 process(es) x 1048576.0 GiB)", "MemAvailable")
+    check_memory(huge, 2, device="cpu", available=huge.per_node(2), source="test")  # on the CPU: counted above
+    # The TF2 trainer replicates every table whatever the sharding knob says
+    assert dlrm_memory_need(dataset, {**config, "sharding": "table_wise"}, host_table_threshold=1 << 50).sharded == 0
 
 
 def _fake_nvidia_smi(directory: Path, output: str, exit_code: int = 0) -> str:
@@ -564,6 +577,14 @@ def test_tensorflow_workers_get_one_gpu_each(tmp_path: Path, monkeypatch) -> Non
     assert gpus.worker_devices(2, {"PATH": none, "CUDA_VISIBLE_DEVICES": "-1"}) is None
     path = _fake_nvidia_smi(tmp_path / "bin", "0, GPU-a, 81559, 81000, Disabled\n1, GPU-b, 81559, 81000, Disabled\n")
     assert gpus.worker_devices(2, {"PATH": path, "CUDA_VISIBLE_DEVICES": "1,5,0"}) == ["1", "1"]  # no GPU 5
+    # As the launcher gets them (one entry per worker, GPUs repeated): 4 workers on 2 GPUs share, 2 do not
+    shared = tf_worker_envs(4, ports=[4001, 4002, 4003, 4004],
+                            devices=gpus.worker_devices(4, {"PATH": path, "CUDA_VISIBLE_DEVICES": "0,1"}))
+    assert [env["CUDA_VISIBLE_DEVICES"] for env in shared] == ["0", "1", "0", "1"]
+    assert {(env["RECFLOW_TF_COLLECTIVE"], env["TF_FORCE_GPU_ALLOW_GROWTH"]) for env in shared} == {("ring", "true")}
+    alone = tf_worker_envs(2, ports=[4001, 4002],
+                           devices=gpus.worker_devices(2, {"PATH": path, "CUDA_VISIBLE_DEVICES": "0,1"}))
+    assert [env["RECFLOW_TF_COLLECTIVE"] for env in alone] == ["nccl", "nccl"]
     monkeypatch.setattr(gpus, "_PROC_GPUS", Path("/nonexistent"))
     assert gpus.worker_devices(2, {}) is None and "CUDA_VISIBLE_DEVICES" not in tf_worker_envs(2, cores=2)[0]
 
