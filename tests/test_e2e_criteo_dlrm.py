@@ -80,6 +80,11 @@ def test_dlrm_trains_evaluates_and_publishes(ingested):
     result = evaluate(["--model_path", str(version_dir / "model.pt"), "--dataset_dir", str(run_dir / "dataset"),
                        "--output_dir", str(run_dir / "reeval")])
     assert result.auc == pytest.approx(metrics["auc"], abs=1e-6)
+    # --amp takes the trainer's autocast type (auto: bf16 here and on GPUs of compute capability >= 8); fp16 is CUDA's
+    with pytest.raises(ValueError, match="fp16 needs CUDA"):
+        evaluate(["--model_path", str(version_dir / "model.pt"), "--dataset_dir", str(run_dir / "dataset"),
+                  "--output_dir", str(run_dir / "reeval-fp16"), "--amp", "--amp_dtype", "fp16"])
+    assert not (run_dir / "reeval-fp16").exists()
 
     # The published version alone scores raw rows: predict on the test day's raw file gives the run's own
     # evaluation scores for the same rows (the test mapping = the first half of the day's rows, in file order),

@@ -90,6 +90,21 @@ def test_eager_and_torchscript_scores_agree(version, tmp_path):
                                                           ).shape == (3, 1)
 
 
+def test_the_torchscript_export_makes_no_tensor_on_a_device_of_its_own(tmp_path):
+    """A traced forward that made a tensor on the CPU (a device constant in the graph) would fail beside a model
+    moved to a GPU (Triton's default placement, predict --device cuda). Loaded onto the meta device and run on meta
+    inputs, such a graph fails the same way, so this checks the export without a GPU: a padded interaction (its zero
+    columns are made in forward) and hashed ids (their table sizes are a buffer)."""
+    torch.manual_seed(5)
+    model = Dlrm(13, CARDS, (8, 4), (8, 1), interaction_padding=True, hash_indices=True, max_table_size=40)
+    assert model.interaction.padding > 0
+    save_model_file(tmp_path / "model.pt", model, {"test": True}, step=1)
+    exported = export(tmp_path / "model.pt", tmp_path / "export")
+    module = torch.jit.load(exported.model_file, map_location="meta")
+    scores = module(torch.zeros(3, 13, device="meta"), torch.zeros(3, 26, dtype=torch.long, device="meta"))
+    assert scores.device.type == "meta" and scores.shape == (3, 1)
+
+
 def test_the_device_is_chosen_and_a_missing_gpu_is_one_line(version, tmp_path, caplog):
     caplog.set_level("INFO", logger="tasks.criteo.predict")
     auto = predict_file(version, CRITEO_SAMPLE, tmp_path / "auto.tsv", device="auto")  # this machine: the CPU

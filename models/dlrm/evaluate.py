@@ -19,7 +19,7 @@ import torch
 from models.common.evaluation import ClickEvalResult, evaluator_parser, write_eval_metrics
 from models.torchkit.checkpoint import FORMAT_VERSION, MODEL_KIND, safe_load, write_torch_atomic
 from models.torchkit.device_batches import ahead_on_device, to_host_behind
-from models.torchkit.distributed import autocast_context, select_device
+from models.torchkit.distributed import AMP_DTYPES, amp_dtype as resolve_amp_dtype, autocast_context, select_device
 from models.common.metrics import StreamingPredictions
 from tasks.core.progress import RankLog
 from models.dlrm.data import PrefetchingReader, SplitBinaryDataset, decodes_on_device, to_device
@@ -47,11 +47,14 @@ def write_model_file(path: Path, state: dict[str, torch.Tensor], hparams: dict[s
 
 
 def load_model_file(path: Path, device: torch.device | str = "cpu") -> tuple[Dlrm, dict[str, Any]]:
-    """Rebuild the model from model.pt with the weights_only loader; returns (model in eval mode, payload)."""
-    payload = safe_load(Path(path), MODEL_KIND, map_location="cpu")
-    model = build_model(payload["hparams"])
+    """Rebuild the model from model.pt with the weights_only loader; returns (model in eval mode, payload). The model
+    is built on `device` (its tables allocated and initialised there, once: on a GPU not first on the host, then
+    copied) and the file's tensors are memory-mapped, so the host holds no second copy of the tables."""
+    payload = safe_load(Path(path), MODEL_KIND, map_location="cpu", mmap=True)
+    with torch.device(device):
+        model = build_model(payload["hparams"])
     model.load_state_dict(payload["state_dict"])
-    return model.to(device).eval(), payload
+    return model.eval(), payload
 
 
 @torch.no_grad()
@@ -110,6 +113,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--limit_batches", type=int, default=None, help="evaluate at most this many batches")
     parser.add_argument("--device", default="auto", choices=("cpu", "cuda", "auto"))
     parser.add_argument("--amp", action=argparse.BooleanOptionalAction, default=False)
+    parser.add_argument("--amp_dtype", default="auto", choices=AMP_DTYPES,
+                        help="autocast type of --amp (auto: bf16 on the CPU and GPUs of compute capability >= 8, "
+                             "fp16 on older GPUs, as the trainer's)")
     parser.add_argument("--prefetch_depth", type=int, default=4)
     return parser.parse_args(argv)
 
@@ -127,7 +133,8 @@ def main(argv: list[str] | None = None) -> ClickEvalResult:
                             pin_memory=torch.device(device).type == "cuda") as dataset:
         log(f"evaluating {args.model_path} (step {payload['step']}) on {dataset_dir}/{args.mapping}: "
             f"{dataset.rows} rows in {len(dataset)} batches on {device}")
-        predictions = predict_dataset(model, dataset, device, args.amp, args.limit_batches, args.prefetch_depth)
+        predictions = predict_dataset(model, dataset, device, args.amp, args.limit_batches, args.prefetch_depth,
+                                      resolve_amp_dtype(device, args.amp_dtype) if args.amp else None)
         read = dataset.stats
     metrics = predictions.compute()
     seconds = time.perf_counter() - started
