@@ -72,7 +72,7 @@ def to_host_behind(results: Iterable[Moved], device: torch.device | str) -> Iter
         for target, tensor in zip(host, tensors):
             target.copy_(tensor.detach(), non_blocking=True)
         copied = torch.cuda.Event()
-        copied.record()
+        copied.record(torch.cuda.current_stream(device))  # the copies' stream: `device`'s, whichever is current
         if pending is not None:
             yield _read_back(*pending)
         pending = host, copied
