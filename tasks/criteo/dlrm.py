@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import logging
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tasks.core.dlrm_knobs import dlrm_model_config
 from tasks.criteo import layout
@@ -15,6 +15,9 @@ from tasks.core.config import Settings
 from tasks.core.storage import file_sha256, is_temporary, read_manifest, write_text_atomic
 from tasks.release import runs
 from tasks.release.pipeline import TrainingPipeline, require_files, score_with_predict
+
+if TYPE_CHECKING:
+    from tasks.core.launch import MemoryNeed
 
 log = logging.getLogger(__name__)
 
@@ -101,33 +104,42 @@ def model_config(knobs: dict[str, Any], device: str) -> dict[str, Any]:
     return dlrm_model_config(knobs, MODEL_KNOBS, device)
 
 
+def memory_need(paths: RunPaths, run: dict[str, Any]) -> MemoryNeed:
+    """The run's model's least memory (tasks.core.dlrm_knobs.dlrm_memory_need); the TF2 trainer keeps the largest
+    tables in host memory on a GPU."""
+    from tasks.core.dlrm_knobs import HOST_TABLE_THRESHOLD_BYTES, dlrm_memory_need
+
+    config = model_config(run["knobs"], run["device"])
+    threshold = (config.get("host_table_threshold_bytes", HOST_TABLE_THRESHOLD_BYTES)
+                 if framework_of(run) == "tensorflow" else None)
+    return dlrm_memory_need(paths.dataset, config, host_table_threshold=threshold)
+
+
 def train(settings: Settings, run_id: str, run: dict[str, Any]) -> dict[str, Any]:
-    """torchrun on nproc processes (PyTorch), or nproc TensorFlow workers (MultiWorkerMirroredStrategy)."""
+    """torchrun on nproc processes (PyTorch), or nproc TensorFlow workers (MultiWorkerMirroredStrategy); the model's
+    memory is checked against the node before anything is launched."""
     from tasks.core.launch import train_with_tf_workers, train_with_torchrun
-    from tasks.core.dlrm_knobs import HOST_TABLE_THRESHOLD_BYTES, dlrm_memory_need, time_budget
+    from tasks.core.dlrm_knobs import time_budget
 
     paths = run_paths(settings, run_id)
-    config = model_config(run["knobs"], run["device"])
+    config, memory = model_config(run["knobs"], run["device"]), memory_need(paths, run)
     if framework_of(run) == "tensorflow":
-        # checked against the node before anything is launched; on a GPU the largest tables may live in host memory
-        memory = dlrm_memory_need(paths.dataset, config, host_table_threshold=config.get(
-            "host_table_threshold_bytes", HOST_TABLE_THRESHOLD_BYTES))
         return train_with_tf_workers(FRAMEWORKS["tensorflow"][0], paths.dataset, paths.train, config,
                                      workers=run["nproc"], label=f"train {run_id}", memory=memory,
                                      time_budget_s=time_budget(run))
     return train_with_torchrun(TRAIN_MODULE, paths.dataset, paths.train, config, nproc=run["nproc"],
-                               label=f"train {run_id}", memory=dlrm_memory_need(paths.dataset, config),
-                               time_budget_s=time_budget(run))
+                               label=f"train {run_id}", memory=memory, time_budget_s=time_budget(run))
 
 
 def evaluate(settings: Settings, run_id: str, run: dict[str, Any], trained: dict[str, Any] | None = None,
              mapping: str = "test") -> dict[str, Any]:
-    from tasks.core.launch import evaluate_in_child
+    from tasks.core.launch import evaluate_in_child, scoring_device
 
     paths = run_paths(settings, run_id)
     _, module, _, weights = FRAMEWORKS[framework_of(run)]
     metrics = evaluate_in_child(module, paths.train / weights[0], paths.dataset, paths.evaluation,
-                                mapping=mapping, label=f"evaluate {run_id}", device=run["device"])
+                                mapping=mapping, label=f"evaluate {run_id}",
+                                device=scoring_device(run["device"], memory_need(paths, run)))
     log.info("test AUC %.4f, logloss %.4f on %d rows", metrics["auc"], metrics["logloss"], metrics["rows"])
     return {key: metrics[key] for key in ("auc", "logloss", "rows", "mapping")}
 
@@ -164,15 +176,18 @@ def score_published(settings: Settings, run_id: str, version_uri: str, run: dict
     """AUC / logloss of a published version on this run's test rows: the first metrics["rows"] good rows of the test
     day's raw file (exactly the rows of the run's `test` mapping), scored through the version's own dictionary by
     `predict` in a child process."""
+    from tasks.core.launch import scoring_device
     from tasks.criteo.predict import missing_for_scoring
 
+    # The version was trained on the same days' layout: this run's model's size stands for its own.
+    device = scoring_device(run["device"], memory_need(run_paths(settings, run_id), run))
     return score_with_predict(settings, run_id, version_uri, paths=run_paths(settings, run_id),
                               cache_dir=layout.models_cache(settings.data_root), required=missing_for_scoring,
                               predict_module=PREDICT_MODULE, aws_conn_id=aws_conn_id,
                               args=lambda local: ["--model-dir", str(local), "--input",
                                                   str(layout.raw_day(settings.data_root, run["test_day"])),
                                                   "--limit-rows", str(int(metrics["rows"])),
-                                                  "--bad-row-budget", "1.0", "--device", run["device"]])
+                                                  "--bad-row-budget", "1.0", "--device", device])
 
 
 def provenance(settings: Settings, run_id: str, run: dict[str, Any], params: dict[str, Any]) -> dict[str, Any]:
