@@ -103,6 +103,30 @@ def test_the_torchscript_export_makes_no_tensor_on_a_device_of_its_own(tmp_path)
     module = torch.jit.load(exported.model_file, map_location="meta")
     scores = module(torch.zeros(3, 13, device="meta"), torch.zeros(3, 26, dtype=torch.long, device="meta"))
     assert scores.device.type == "meta" and scores.shape == (3, 1)
+    # map_location also moves tensor constants, which `.to(device)` (predict, Triton) leaves where they were traced:
+    # there must be none (a plain tensor attribute, not a buffer, would be one)
+    graph = str(torch.jit.load(exported.model_file).inlined_graph).splitlines()
+    # a tensor constant prints as <Tensor> (large) or "[ CPULongType{2} ]" (small); 0-dim ones ({2}) go anywhere
+    constants = [line for line in graph if "prim::Constant" in line
+                 and ("<Tensor>" in line or "Type{" in line or 'value="cpu"' in line)]
+    assert constants == [], constants
+
+
+def test_a_model_whose_tables_fit_no_gpu_is_scored_on_the_cpu(version, monkeypatch, capsys):
+    """Evaluation, predict and the gate score on one device: a model whose tables were trained sharded over several
+    GPUs may fit none of them alone and would fail every attempt for memory there. load_model_file builds it on the
+    CPU instead, with a line that says why (the GPU's size is mocked: this machine has none)."""
+    from types import SimpleNamespace
+
+    from models.dlrm.evaluate import load_model_file, model_device
+
+    # A 256-byte "GPU": the version's tables are 31 rows x 4 x 4 bytes = 496 B
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: SimpleNamespace(total_memory=256))
+    model, _ = load_model_file(version / "model.pt", torch.device("cuda", 0))
+    assert model_device(model) == torch.device("cpu")
+    line = capsys.readouterr().out.strip()
+    assert line.startswith("[scoring] the model's embedding tables (") and line.endswith(
+        "do not fit one GPU (cuda:0, 0.0 GiB): scoring on the CPU"), line
 
 
 def test_the_device_is_chosen_and_a_missing_gpu_is_one_line(version, tmp_path, caplog):

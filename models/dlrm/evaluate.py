@@ -23,7 +23,7 @@ from models.torchkit.distributed import AMP_DTYPES, amp_dtype as resolve_amp_dty
 from models.common.metrics import StreamingPredictions
 from tasks.core.progress import RankLog
 from models.dlrm.data import PrefetchingReader, SplitBinaryDataset, decodes_on_device, to_device
-from models.dlrm.model import Dlrm, build_model
+from models.dlrm.model import Dlrm, build_model, embedding_table_bytes
 from tasks.formats.feature_spec import FeatureSpec
 
 
@@ -49,12 +49,36 @@ def write_model_file(path: Path, state: dict[str, torch.Tensor], hparams: dict[s
 def load_model_file(path: Path, device: torch.device | str = "cpu") -> tuple[Dlrm, dict[str, Any]]:
     """Rebuild the model from model.pt with the weights_only loader; returns (model in eval mode, payload). The model
     is built on `device` (its tables allocated and initialised there, once: on a GPU not first on the host, then
-    copied) and the file's tensors are memory-mapped, so the host holds no second copy of the tables."""
+    copied) and the file's tensors are memory-mapped, so the host holds no second copy of the tables. A model whose
+    tables do not fit the GPU (trained sharded over several) is built on the CPU instead, with a line that says so:
+    scoring it there takes longer but finishes. Callers score on the model's device (`model_device`)."""
     payload = safe_load(Path(path), MODEL_KIND, map_location="cpu", mmap=True)
+    device = _device_that_holds(payload["hparams"], torch.device(device))
     with torch.device(device):
         model = build_model(payload["hparams"])
     model.load_state_dict(payload["state_dict"])
     return model.eval(), payload
+
+
+GPU_TABLE_SHARE = 0.9  # of a GPU's memory the tables may take when scoring; the rest: CUDA, the MLPs, a batch
+
+
+def _device_that_holds(hparams: dict[str, Any], device: torch.device) -> torch.device:
+    if device.type != "cuda":
+        return device
+    tables = embedding_table_bytes(hparams["categorical_cardinalities"], hparams["bottom_mlp_sizes"][-1],
+                                   hparams.get("max_table_size"))
+    total = torch.cuda.get_device_properties(device).total_memory
+    if tables <= GPU_TABLE_SHARE * total:
+        return device
+    print(f"[scoring] the model's embedding tables ({tables / 2**30:.1f} GiB) do not fit one GPU ({device}, "
+          f"{total / 2**30:.1f} GiB): scoring on the CPU", flush=True)
+    return torch.device("cpu")
+
+
+def model_device(model: torch.nn.Module) -> torch.device:
+    """Where a model loaded by load_model_file lives (its batches go there)."""
+    return next(model.parameters()).device
 
 
 @torch.no_grad()
@@ -124,7 +148,11 @@ def main(argv: list[str] | None = None) -> ClickEvalResult:
     args = parse_args(argv)
     log = RankLog(0)
     device = select_device(args.device)
+    if args.amp:
+        resolve_amp_dtype(device, args.amp_dtype)  # a bad --amp_dtype is refused before any loading
     model, payload = load_model_file(args.model_path, device)
+    moved, device = model_device(model) != device, model_device(model)  # the CPU: tables that fit no single GPU
+    dtype = resolve_amp_dtype(device, "auto" if moved else args.amp_dtype) if args.amp else None
     dataset_dir = Path(args.dataset_dir or payload["config"]["dataset_dir"])
     spec = FeatureSpec.from_yaml(dataset_dir / args.feature_spec)
     check_cardinalities(spec, payload["hparams"], dataset_dir / args.feature_spec)
@@ -133,8 +161,7 @@ def main(argv: list[str] | None = None) -> ClickEvalResult:
                             pin_memory=torch.device(device).type == "cuda") as dataset:
         log(f"evaluating {args.model_path} (step {payload['step']}) on {dataset_dir}/{args.mapping}: "
             f"{dataset.rows} rows in {len(dataset)} batches on {device}")
-        predictions = predict_dataset(model, dataset, device, args.amp, args.limit_batches, args.prefetch_depth,
-                                      resolve_amp_dtype(device, args.amp_dtype) if args.amp else None)
+        predictions = predict_dataset(model, dataset, device, args.amp, args.limit_batches, args.prefetch_depth, dtype)
         read = dataset.stats
     metrics = predictions.compute()
     seconds = time.perf_counter() - started

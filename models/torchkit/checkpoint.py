@@ -20,6 +20,7 @@ import os
 import random
 import re
 import shutil
+import zipfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -192,7 +193,9 @@ def safe_load(path: Path, kind: str | tuple[str, ...], map_location: str | torch
     kinds = (kind,) if isinstance(kind, str) else kind
     kind = kinds[0]  # named in errors (the others are alternative layouts of it)
     try:
-        payload = torch.load(path, weights_only=True, map_location=map_location, mmap=mmap)
+        # mmap needs torch's zip format (every file recflow writes); anything else is refused below as not ours
+        payload = torch.load(path, weights_only=True, map_location=map_location,
+                             mmap=mmap and zipfile.is_zipfile(path))
     except FileNotFoundError:
         raise CheckpointError(f"{path}: no such checkpoint file") from None
     except Exception as exc:  # torch raises UnpicklingError, RuntimeError, EOFError... for foreign files

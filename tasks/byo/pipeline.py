@@ -239,7 +239,7 @@ def evaluate(settings: Settings, run_id: str, run: dict[str, Any], trained: dict
 
     paths = run_paths(settings, run_id)
     metrics = evaluate_in_child(EVALUATE_MODULE, paths.train / "model.pt", paths.dataset, paths.evaluation,
-                                mapping=mapping, label=f"evaluate {run_id}", device=_scoring_device(paths, run))
+                                mapping=mapping, label=f"evaluate {run_id}", device=run["device"])
     log.info("test AUC %.4f, logloss %.4f on %d rows", metrics["auc"], metrics["logloss"], metrics["rows"])
     return {key: metrics[key] for key in ("auc", "logloss", "rows", "mapping")}
 
@@ -266,16 +266,7 @@ def score_published(settings: Settings, run_id: str, version_uri: str, run: dict
         raise FileNotFoundError(f"{version_uri} was trained on another layout ({shape[0]} numericals, "
                                 f"cardinalities {shape[1]}): it cannot score this dataset's rows")
     return evaluate_in_child(EVALUATE_MODULE, local / "model.pt", paths.dataset, paths.gate / "production",
-                             label=f"gate {run_id}", device=_scoring_device(paths, run))
-
-
-def _scoring_device(paths: RunPaths, run: dict[str, Any]) -> str:
-    """The run's device for scoring, or the CPU where its model does not fit one GPU (tasks.core.launch.
-    scoring_device); a published version scored on these rows has this run's layout, so its size too."""
-    from tasks.core.dlrm_knobs import dlrm_memory_need
-    from tasks.core.launch import scoring_device
-
-    return scoring_device(run["device"], dlrm_memory_need(paths.dataset, model_config(run["knobs"], run["device"])))
+                             label=f"gate {run_id}", device=run["device"])
 
 
 def provenance(settings: Settings, run_id: str, run: dict[str, Any], params: dict[str, Any]) -> dict[str, Any]:

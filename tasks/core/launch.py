@@ -136,23 +136,6 @@ def gpu_memory_bytes(nproc: int, environ: Mapping[str, str] | None = None) -> tu
                           f"{', '.join('?' if g.free is None else _gib(g.free) for g in used)}")
 
 
-def scoring_device(device: str, need: MemoryNeed) -> str:
-    """The device for a child that scores a model (evaluation, the gate's scoring): the run's, or the CPU where the
-    model does not fit one GPU (tables trained sharded over several GPUs or nodes). Scoring on the host takes longer
-    but finishes, where the GPU would fail every attempt for memory; a log line says which and why."""
-    from tasks.core.gpus import trains_on_gpu
-
-    if not trains_on_gpu(device):
-        return device
-    available, source = gpu_memory_bytes(1)
-    needed = need.per_node(1)
-    if available is None or needed <= available:
-        return device
-    log.warning("scoring on the CPU: %s needs at least %s on one device, more than one GPU's %s (%s)", need.what,
-                _gib(needed), _gib(available), source)
-    return "cpu"
-
-
 def node_memory_bytes(device: str, settings: Settings | None = None, nproc: int = 1) -> tuple[int | None, str]:
     """(bytes a training node may use, where that figure comes from): RECFLOW_TRAIN_MEMORY_BYTES when set, else the
     GPUs' memory for GPU training (gpu_memory_bytes), the host's MemAvailable for CPU training."""

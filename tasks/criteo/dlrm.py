@@ -133,13 +133,12 @@ def train(settings: Settings, run_id: str, run: dict[str, Any]) -> dict[str, Any
 
 def evaluate(settings: Settings, run_id: str, run: dict[str, Any], trained: dict[str, Any] | None = None,
              mapping: str = "test") -> dict[str, Any]:
-    from tasks.core.launch import evaluate_in_child, scoring_device
+    from tasks.core.launch import evaluate_in_child
 
     paths = run_paths(settings, run_id)
     _, module, _, weights = FRAMEWORKS[framework_of(run)]
     metrics = evaluate_in_child(module, paths.train / weights[0], paths.dataset, paths.evaluation,
-                                mapping=mapping, label=f"evaluate {run_id}",
-                                device=scoring_device(run["device"], memory_need(paths, run)))
+                                mapping=mapping, label=f"evaluate {run_id}", device=run["device"])
     log.info("test AUC %.4f, logloss %.4f on %d rows", metrics["auc"], metrics["logloss"], metrics["rows"])
     return {key: metrics[key] for key in ("auc", "logloss", "rows", "mapping")}
 
@@ -176,18 +175,15 @@ def score_published(settings: Settings, run_id: str, version_uri: str, run: dict
     """AUC / logloss of a published version on this run's test rows: the first metrics["rows"] good rows of the test
     day's raw file (exactly the rows of the run's `test` mapping), scored through the version's own dictionary by
     `predict` in a child process."""
-    from tasks.core.launch import scoring_device
     from tasks.criteo.predict import missing_for_scoring
 
-    # The version was trained on the same days' layout: this run's model's size stands for its own.
-    device = scoring_device(run["device"], memory_need(run_paths(settings, run_id), run))
     return score_with_predict(settings, run_id, version_uri, paths=run_paths(settings, run_id),
                               cache_dir=layout.models_cache(settings.data_root), required=missing_for_scoring,
                               predict_module=PREDICT_MODULE, aws_conn_id=aws_conn_id,
                               args=lambda local: ["--model-dir", str(local), "--input",
                                                   str(layout.raw_day(settings.data_root, run["test_day"])),
                                                   "--limit-rows", str(int(metrics["rows"])),
-                                                  "--bad-row-budget", "1.0", "--device", device])
+                                                  "--bad-row-budget", "1.0", "--device", run["device"]])
 
 
 def provenance(settings: Settings, run_id: str, run: dict[str, Any], params: dict[str, Any]) -> dict[str, Any]:

@@ -136,9 +136,10 @@ class Scorer:
 
         self.engine, self.device = engine, select_device(device)
         if engine == "eager":
-            from models.dlrm.evaluate import load_model_file
+            from models.dlrm.evaluate import load_model_file, model_device
 
             self.model, _ = load_model_file(version_dir / MODEL_FILE, self.device)
+            self.device = model_device(self.model)  # the CPU for tables that fit no single GPU
         elif engine == "torchscript":
             from models.dlrm.export import load_serving_model
 

@@ -539,42 +539,6 @@ def test_gpu_training_is_checked_against_the_gpus_its_processes_get(tmp_path: Pa
     _one_line(caught.value, "nvidia-smi memory.total: 2 process(es) on GPU(s) 0, 1", "RECFLOW_TRAIN_MEMORY_BYTES")
 
 
-def test_a_model_too_big_for_one_gpu_is_scored_on_the_cpu(tmp_path: Path, monkeypatch, caplog) -> None:
-    """Evaluation and the gate score on one device: a model whose tables were sharded over several GPUs may fit
-    none of them alone, and would fail every attempt for memory there; it is scored on the host instead, with a
-    line that says why (the GPU node is mocked: this machine has none)."""
-    from tasks.core.config import load_settings
-    from tasks.core.launch import scoring_device
-    from tasks.criteo.dlrm import evaluate, memory_need, run_paths
-
-    _fake_gpu_node(monkeypatch, tmp_path, 1)
-    path = _fake_nvidia_smi(tmp_path / "bin", "0, GPU-a, 1024, 1000, Disabled\n")  # a 1 GiB GPU
-    monkeypatch.setenv("PATH", f"{path}:{os.environ['PATH']}")
-    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
-    monkeypatch.setenv("RECFLOW_DATA_ROOT", str(tmp_path / "data"))
-    settings = load_settings()
-    paths = run_paths(settings, "run1")
-    _dataset(paths.dataset, [2_000_000] * 4)  # 8M rows x dim x 4 bytes: over 1 GiB
-    run = {**_criteo_run(), "device": "auto", "knobs": {**_criteo_run()["knobs"], "sharding": "table_wise"}}
-    need = memory_need(paths, run)
-    assert need.per_node(1) > 1 << 30
-    caplog.set_level("WARNING", logger="tasks.core.launch")
-    assert scoring_device("auto", need) == "cpu" and scoring_device("cuda", need) == "cpu"
-    assert any(m.startswith("scoring on the CPU: DLRM with 4 embedding tables") and "1.0 GiB" in m
-               for m in caplog.messages), caplog.messages
-    assert scoring_device("cpu", need) == "cpu"
-    _dataset(run_paths(settings, "run2").dataset, [1000] * 4)
-    assert scoring_device("auto", memory_need(run_paths(settings, "run2"), run)) == "auto"  # fits: the run's device
-    # The evaluate step hands the evaluator that device
-    import tasks.core.launch as launch
-
-    handed = {}
-    monkeypatch.setattr(launch, "evaluate_in_child", lambda *args, **kwargs: handed.update(kwargs) or {
-        "auc": 0.5, "logloss": 0.7, "rows": 1, "mapping": "test"})
-    evaluate(settings, "run1", run)
-    assert handed["device"] == "cpu"
-
-
 def test_tensorflow_workers_all_reduce_by_nccl_only_on_gpus_of_their_own(monkeypatch) -> None:
     """The worker's side of RECFLOW_TF_COLLECTIVE: NCCL when the launcher says so and TensorFlow may use a GPU (the
     GPU is mocked: this TensorFlow is a CPU build), TF's AUTO (its ring) otherwise, e.g. under device cpu."""
