@@ -151,7 +151,10 @@ def main(argv: list[str] | None = None) -> ClickEvalResult:
     if args.amp:
         resolve_amp_dtype(device, args.amp_dtype)  # a bad --amp_dtype is refused before any loading
     model, payload = load_model_file(args.model_path, device)
-    moved, device = model_device(model) != device, model_device(model)  # the CPU: tables that fit no single GPU
+    loaded_on = model_device(model)
+    moved, device = loaded_on != device, loaded_on  # moved: to the CPU, tables that fit no single GPU
+    if moved and args.amp and args.amp_dtype == "fp16":
+        log("--amp_dtype fp16 is CUDA's: bf16 on the CPU")
     dtype = resolve_amp_dtype(device, "auto" if moved else args.amp_dtype) if args.amp else None
     dataset_dir = Path(args.dataset_dir or payload["config"]["dataset_dir"])
     spec = FeatureSpec.from_yaml(dataset_dir / args.feature_spec)

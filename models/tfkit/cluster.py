@@ -19,8 +19,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from tasks.core.gpus import check_usable, refuse_cuda
-from tasks.core.launch import TF_COLLECTIVE_ENV
+from tasks.core.gpus import TF_COLLECTIVE_ENV, check_usable, refuse_cuda
 
 
 class ClusterConfigError(ValueError):
@@ -102,7 +101,7 @@ def use_device(device: str) -> None:
 
 def collective_implementation(environ: Mapping[str, str] | None = None) -> Any:
     """How MultiWorkerMirroredStrategy all-reduces: NCCL where the launcher gave each worker a GPU of its own
-    (RECFLOW_TF_COLLECTIVE=nccl, tasks.core.launch.tf_worker_envs) and TensorFlow may use it (not hidden by device
+    (TF_COLLECTIVE_ENV=nccl, tasks.core.launch.tf_worker_envs) and TensorFlow may use it (not hidden by device
     cpu), else AUTO, which in TF2 is its ring over gRPC (NCCL only when asked for: the collective_nccl config is set
     in TF1 graph mode alone)."""
     environ = os.environ if environ is None else environ

@@ -230,12 +230,12 @@ def amp_dtype(device: torch.device, name: str = "auto") -> torch.dtype:
 
 def autocast_context(device: torch.device, enabled: bool,
                      dtype: torch.dtype | None = None) -> contextlib.AbstractContextManager:
-    """Mixed precision in `dtype`; None: fp16 on CUDA (with a GradScaler), bf16 on CPU (bf16 keeps fp32's range:
-    no scaler)."""
+    """Mixed precision in `dtype`; None: --amp's auto type on this device (amp_dtype: bf16 on the CPU and on GPUs of
+    compute capability >= 8, fp16 on older GPUs)."""
     if not enabled:
         return contextlib.nullcontext()
     if dtype is None:
-        dtype = torch.float16 if device.type == "cuda" else torch.bfloat16
+        dtype = amp_dtype(device)
     return torch.autocast(device_type=device.type, dtype=dtype)
 
 

@@ -152,13 +152,15 @@ def dlrm_memory_need(dataset_dir: Path, config: Mapping[str, Any], *,
               if host_table_threshold is not None and trains_on_gpu(str(config.get("device", "auto"))) else [])
     host = sum(table_bytes[i] for i in hosted)
     tables = sum(table_bytes) - host
-    replicated = host_table_threshold is not None or config.get("sharding", "data_parallel") == "data_parallel"
+    tf2 = host_table_threshold is not None  # the TF2 trainer: every table in every process
+    replicated = tf2 or config.get("sharding", "data_parallel") == "data_parallel"
     what = f"DLRM with {len(rows)} embedding tables of {sum(rows):,} rows x {dim}"
     if hosted:
         what += f" ({len(hosted)} of them, {host / (1 << 30):.1f} GiB, in host memory)"
+    lower = ("max_table_size (with hash_indices) or nproc" if tf2
+             else "max_table_size (with hash_indices), the MLP widths or nproc, or shard the tables")
     return MemoryNeed(replicated=dense * 4 * 2 + (tables if replicated else 0), sharded=0 if replicated else tables,
-                      what=what, lower="max_table_size (with hash_indices), the MLP widths or nproc, or shard the tables",
-                      host=host)
+                      what=what, lower=lower, host=host)
 
 
 def _mlp_params(inputs: int, widths: Sequence[int]) -> int:

@@ -18,6 +18,9 @@ from pathlib import Path
 
 QUERY_TIMEOUT_S = 30.0
 NONE_VISIBLE = "no GPU visible to the processes"
+# The launcher tells each local TensorFlow worker how to all-reduce (tasks.core.launch.tf_worker_envs ->
+# models.tfkit.cluster.collective_implementation): "nccl" where each has a GPU of its own, "ring" where they share.
+TF_COLLECTIVE_ENV = "TF_WORKER_COLLECTIVE"
 _PROC_GPUS = Path("/proc/driver/nvidia/gpus")
 _DEV = Path("/dev")  # nvidiactl and nvidia<N>: what a process given GPUs can open
 
@@ -87,7 +90,7 @@ def check_usable(framework: str, cpu_build: bool, environ: Mapping[str, str] | N
     if visible is not None:
         listed, _ = query_gpus(environ)
         view, why = _view_of(listed, environ) if listed else (None, "")
-        if listed and view is None and why == NONE_VISIBLE:
+        if view is None and why == NONE_VISIBLE:
             raise cannot_run_here(f"device auto: CUDA_VISIBLE_DEVICES={visible!r} names none of the {len(listed)} "
                                   f"GPU(s) nvidia-smi lists ({', '.join(g.index for g in listed)}): name one of "
                                   "them, or set it empty / choose device cpu to run on the CPU")

@@ -170,11 +170,9 @@ def check_memory(need: MemoryNeed, nproc: int, *, device: str = "cpu", nodes: No
     None = node_memory_bytes(device). Logs the comparison either way."""
     nnodes = nodes.nnodes if nodes is not None else 1
     needed = need.per_node(nproc, nnodes)
-    if need.host:
-        from tasks.core.gpus import trains_on_gpu
-
+    if need.host:  # set for GPU training only (tasks.core.dlrm_knobs.dlrm_memory_need)
         host, host_source = host_memory_bytes()
-        if host is not None and trains_on_gpu(device) and need.host * nproc > host:
+        if host is not None and need.host * nproc > host:
             raise ModelTooLarge(f"{need.what} needs at least {_gib(need.host * nproc)} of host memory on this node "
                                 f"({nproc} process(es) x {_gib(need.host)}), more than the {_gib(host)} it has "
                                 f"({host_source}): lower {need.lower}")
@@ -429,7 +427,6 @@ def train_with_torchrun(module: str, dataset_dir: Path, output_dir: Path, config
     return _training_result(output_dir, TORCH_MODEL_FILE, done)
 
 
-TF_COLLECTIVE_ENV = "RECFLOW_TF_COLLECTIVE"  # tf_worker_envs -> models.tfkit.cluster.start_worker: nccl or ring
 TF_MODEL_FILE = "model.weights.h5"  # Keras weights; the trainer writes model_config.json (the sizes) beside it
 
 
@@ -454,18 +451,18 @@ def tf_worker_envs(workers: int, *, ports: list[int] | None = None, host: str = 
     indices = list(range(workers)) if indices is None else indices
     if len(indices) != workers or len(set(cluster)) != len(cluster) or not set(indices) <= set(range(len(cluster))):
         raise ValueError(f"workers {indices} do not fit the cluster {cluster}")
-    if devices is None:
-        from tasks.core.gpus import worker_devices
+    from tasks.core.gpus import TF_COLLECTIVE_ENV, worker_devices
 
+    if devices is None:
         devices = worker_devices(workers)
+    # worker_devices repeats GPUs (one entry per worker): workers share one when there are fewer distinct GPUs
+    shared = bool(devices) and workers > len(set(devices))
     envs = []
     for local, index in enumerate(indices):
         env = _child_env(1)
         env.pop("TF_CONFIG", None)
         if devices:
             env["CUDA_VISIBLE_DEVICES"] = devices[local % len(devices)]
-            # worker_devices repeats GPUs (one entry per worker): workers share one when there are fewer distinct
-            shared = workers > len(set(devices))
             if shared:  # TF would otherwise reserve all of the GPU for the first worker on it
                 env.setdefault("TF_FORCE_GPU_ALLOW_GROWTH", "true")
             # All-reduce by NCCL where each worker has a GPU of its own (TF's AUTO is its ring over gRPC through the

@@ -182,8 +182,8 @@ declare(
        default_note="the worker's MemAvailable", field="train_memory_bytes"),
     _S("RECFLOW_CODE_VERSION", "str", "", "the commit lineage records; the image sets it from the `GIT_COMMIT` build "
        "arg", default_note="`git rev-parse HEAD`, else `unknown`"),
-    _S("RECFLOW_NVT_PYTHON", "path", "", "NVTabular's interpreter (a GPU image's Merlin environment; "
-       "docs/nvtabular.md)",
+    _S("RECFLOW_NVT_PYTHON", "path", "", "NVTabular's interpreter (for NVTabular on a GPU: a Python 3.10 "
+       "environment with cuDF 23.08, e.g. NVIDIA's Merlin 23.08; docs/nvtabular.md)",
        default_note="`.venv-nvtabular/bin/python`"),
     _S("RECFLOW_NVT_DEVICE", "choice", "auto", "NVTabular's device: `cpu`, `gpu` or `auto` (gpu when cuDF imports "
        "and CUDA shows a GPU; `gpu` where cuDF cannot run is one line)"),

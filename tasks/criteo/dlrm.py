@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import logging
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from tasks.core.dlrm_knobs import dlrm_model_config
 from tasks.criteo import layout
@@ -15,9 +15,6 @@ from tasks.core.config import Settings
 from tasks.core.storage import file_sha256, is_temporary, read_manifest, write_text_atomic
 from tasks.release import runs
 from tasks.release.pipeline import TrainingPipeline, require_files, score_with_predict
-
-if TYPE_CHECKING:
-    from tasks.core.launch import MemoryNeed
 
 log = logging.getLogger(__name__)
 
@@ -104,26 +101,18 @@ def model_config(knobs: dict[str, Any], device: str) -> dict[str, Any]:
     return dlrm_model_config(knobs, MODEL_KNOBS, device)
 
 
-def memory_need(paths: RunPaths, run: dict[str, Any]) -> MemoryNeed:
-    """The run's model's least memory (tasks.core.dlrm_knobs.dlrm_memory_need); the TF2 trainer keeps the largest
-    tables in host memory on a GPU."""
-    from tasks.core.dlrm_knobs import HOST_TABLE_THRESHOLD_BYTES, dlrm_memory_need
-
-    config = model_config(run["knobs"], run["device"])
-    threshold = (config.get("host_table_threshold_bytes", HOST_TABLE_THRESHOLD_BYTES)
-                 if framework_of(run) == "tensorflow" else None)
-    return dlrm_memory_need(paths.dataset, config, host_table_threshold=threshold)
-
-
 def train(settings: Settings, run_id: str, run: dict[str, Any]) -> dict[str, Any]:
     """torchrun on nproc processes (PyTorch), or nproc TensorFlow workers (MultiWorkerMirroredStrategy); the model's
-    memory is checked against the node before anything is launched."""
+    memory is checked against the node before anything is launched (the TF2 trainer keeps the largest tables in
+    host memory on a GPU, at its default threshold)."""
     from tasks.core.launch import train_with_tf_workers, train_with_torchrun
-    from tasks.core.dlrm_knobs import time_budget
+    from tasks.core.dlrm_knobs import HOST_TABLE_THRESHOLD_BYTES, dlrm_memory_need, time_budget
 
     paths = run_paths(settings, run_id)
-    config, memory = model_config(run["knobs"], run["device"]), memory_need(paths, run)
-    if framework_of(run) == "tensorflow":
+    config = model_config(run["knobs"], run["device"])
+    tf2 = framework_of(run) == "tensorflow"
+    memory = dlrm_memory_need(paths.dataset, config, host_table_threshold=HOST_TABLE_THRESHOLD_BYTES if tf2 else None)
+    if tf2:
         return train_with_tf_workers(FRAMEWORKS["tensorflow"][0], paths.dataset, paths.train, config,
                                      workers=run["nproc"], label=f"train {run_id}", memory=memory,
                                      time_budget_s=time_budget(run))

@@ -471,7 +471,6 @@ def test_tf_host_tables_are_nvidias_offloading_rule_and_not_counted_against_the_
     with pytest.raises(ModelTooLarge) as caught:
         check_memory(huge, 2, device="cuda", available=huge.per_node(2), source="test")
     _one_line(caught.value, "of host memory on this node (2 process(es) x 1048576.0 GiB)", "MemAvailable")
-    check_memory(huge, 2, device="cpu", available=huge.per_node(2), source="test")  # on the CPU: counted above
     # The TF2 trainer replicates every table whatever the sharding knob says
     assert dlrm_memory_need(dataset, {**config, "sharding": "table_wise"}, host_table_threshold=1 << 50).sharded == 0
 
@@ -540,24 +539,26 @@ def test_gpu_training_is_checked_against_the_gpus_its_processes_get(tmp_path: Pa
 
 
 def test_tensorflow_workers_all_reduce_by_nccl_only_on_gpus_of_their_own(monkeypatch) -> None:
-    """The worker's side of RECFLOW_TF_COLLECTIVE: NCCL when the launcher says so and TensorFlow may use a GPU (the
+    """The worker's side of TF_WORKER_COLLECTIVE: NCCL when the launcher says so and TensorFlow may use a GPU (the
     GPU is mocked: this TensorFlow is a CPU build), TF's AUTO (its ring) otherwise, e.g. under device cpu."""
     import tensorflow as tf
 
     from models.tfkit.cluster import collective_implementation
+    from tasks.core.gpus import TF_COLLECTIVE_ENV
 
     implementation = tf.distribute.experimental.CommunicationImplementation
     gpu = tf.config.PhysicalDevice("/physical_device:GPU:0", "GPU")
     monkeypatch.setattr(tf.config, "get_visible_devices", lambda kind=None: [gpu] if kind == "GPU" else [])
-    assert collective_implementation({"RECFLOW_TF_COLLECTIVE": "nccl"}) == implementation.NCCL
-    assert collective_implementation({"RECFLOW_TF_COLLECTIVE": "ring"}) == implementation.AUTO
+    assert collective_implementation({TF_COLLECTIVE_ENV: "nccl"}) == implementation.NCCL
+    assert collective_implementation({TF_COLLECTIVE_ENV: "ring"}) == implementation.AUTO
     assert collective_implementation({}) == implementation.AUTO
     monkeypatch.setattr(tf.config, "get_visible_devices", lambda kind=None: [])  # device cpu hid the GPU
-    assert collective_implementation({"RECFLOW_TF_COLLECTIVE": "nccl"}) == implementation.AUTO
+    assert collective_implementation({TF_COLLECTIVE_ENV: "nccl"}) == implementation.AUTO
 
 
 def test_tensorflow_workers_get_one_gpu_each(tmp_path: Path, monkeypatch) -> None:
     from tasks.core import gpus
+    from tasks.core.gpus import TF_COLLECTIVE_ENV
     from tasks.core.launch import tf_worker_envs
 
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
@@ -568,9 +569,9 @@ def test_tensorflow_workers_get_one_gpu_each(tmp_path: Path, monkeypatch) -> Non
     own = tf_worker_envs(2, ports=[4001, 4002], devices=["0", "1"])
     assert "TF_FORCE_GPU_ALLOW_GROWTH" not in own[0]
     # Their all-reduce: NCCL where each has a GPU of its own; NCCL refuses two ranks on one GPU, so sharing is RING
-    assert [env["RECFLOW_TF_COLLECTIVE"] for env in own] == ["nccl", "nccl"]
-    assert {env["RECFLOW_TF_COLLECTIVE"] for env in envs} == {"ring"}
-    assert "RECFLOW_TF_COLLECTIVE" not in tf_worker_envs(2, ports=[4001, 4002], devices=[])[0]  # no GPU
+    assert [env[TF_COLLECTIVE_ENV] for env in own] == ["nccl", "nccl"]
+    assert {env[TF_COLLECTIVE_ENV] for env in envs} == {"ring"}
+    assert TF_COLLECTIVE_ENV not in tf_worker_envs(2, ports=[4001, 4002], devices=[])[0]  # no GPU
     none = str(tmp_path / "none")  # a PATH without nvidia-smi: the entries as given, up to CUDA's first invalid one
     assert gpus.worker_devices(3, {"PATH": none, "CUDA_VISIBLE_DEVICES": "GPU-b, 3"}) == ["GPU-b", "3", "GPU-b"]
     assert gpus.worker_devices(2, {"PATH": none, "CUDA_VISIBLE_DEVICES": "0,-1,1"}) == ["0", "0"]
@@ -581,10 +582,10 @@ def test_tensorflow_workers_get_one_gpu_each(tmp_path: Path, monkeypatch) -> Non
     shared = tf_worker_envs(4, ports=[4001, 4002, 4003, 4004],
                             devices=gpus.worker_devices(4, {"PATH": path, "CUDA_VISIBLE_DEVICES": "0,1"}))
     assert [env["CUDA_VISIBLE_DEVICES"] for env in shared] == ["0", "1", "0", "1"]
-    assert {(env["RECFLOW_TF_COLLECTIVE"], env["TF_FORCE_GPU_ALLOW_GROWTH"]) for env in shared} == {("ring", "true")}
+    assert {(env[TF_COLLECTIVE_ENV], env["TF_FORCE_GPU_ALLOW_GROWTH"]) for env in shared} == {("ring", "true")}
     alone = tf_worker_envs(2, ports=[4001, 4002],
                            devices=gpus.worker_devices(2, {"PATH": path, "CUDA_VISIBLE_DEVICES": "0,1"}))
-    assert [env["RECFLOW_TF_COLLECTIVE"] for env in alone] == ["nccl", "nccl"]
+    assert [env[TF_COLLECTIVE_ENV] for env in alone] == ["nccl", "nccl"]
     monkeypatch.setattr(gpus, "_PROC_GPUS", Path("/nonexistent"))
     assert gpus.worker_devices(2, {}) is None and "CUDA_VISIBLE_DEVICES" not in tf_worker_envs(2, cores=2)[0]
 
