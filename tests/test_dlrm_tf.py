@@ -371,7 +371,10 @@ def test_criteo_dlrm_steps_train_evaluate_and_export_with_tensorflow(dataset: Pa
     trained = steps.train(settings, "manual__tf", run)
     assert trained["model_path"].endswith("model.weights.h5") and trained["metrics"]["framework"] == "tensorflow"
     metrics = steps.evaluate(settings, "manual__tf", run, trained)
-    assert metrics["rows"] == 5_003 and metrics["auc"] == pytest.approx(trained["metrics"]["auc"], abs=1e-6)
+    # The pipeline's trainer leaves the test rows to evaluate (scored once); test_one_worker_learns_* checks the two agree.
+    log = [json.loads(line) for line in (paths.train / "train_log.jsonl").read_text().splitlines()]
+    assert "auc" not in trained["metrics"] and "eval" not in {r["kind"] for r in log}
+    assert metrics["rows"] == 5_003 and metrics["auc"] > 0.6, metrics  # learned: chance is 0.5
     exported = steps.export(settings, "manual__tf", run)
     assert exported["model_file"].endswith("model.savedmodel")
     with pytest.raises(FileNotFoundError) as missing:  # no dictionary values or gate record in this test

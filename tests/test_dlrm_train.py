@@ -97,6 +97,16 @@ def test_tiny_run_learns_planted_signal_and_writes_outputs(dataset: Path, tmp_pa
     assert json.loads(evaluated.metrics_path.read_text())["auc"] == evaluated.auc
 
 
+def test_without_final_eval_the_test_rows_are_left_to_the_evaluator(dataset: Path, tmp_path: Path, capsys) -> None:
+    # What the pipelines run (dlrm_model_config): their evaluate task scores the written model, so the trainer
+    # does not score the same test rows first.
+    result = main(_args(dataset, tmp_path, "--batch_size", "512", "--limit_train_batches", "5", "--no-final_eval"))
+    assert result.steps == 5 and "auc" not in result.final_metrics and "mapping" not in result.final_metrics
+    assert "eval" not in {json.loads(l)["kind"] for l in (tmp_path / "train_log.jsonl").read_text().splitlines()}
+    assert "done: 5 steps, no final evaluation" in capsys.readouterr().out
+    assert evaluate.main(["--model_path", str(result.model_path), "--device", "cpu"]).rows == 5_000
+
+
 def test_a_run_that_cannot_finish_in_its_time_budget_stops_with_one_line(dataset: Path, tmp_path: Path, capsys,
                                                                           monkeypatch) -> None:
     # The rate is trusted from the first log interval here (300 s of training in a real run), and a budget of 1 ms

@@ -57,3 +57,11 @@ def write_eval_metrics(args: argparse.Namespace, document: dict[str, Any]) -> Pa
     metrics_path = out_dir / "metrics.json"
     write_text_atomic(metrics_path, json.dumps(document, indent=2, sort_keys=True))
     return metrics_path
+
+
+def final_eval_words(metrics: dict[str, Any] | None) -> str:
+    """How a click trainer's closing line names its final evaluation: the test AUC, or that it was left to the
+    pipeline's evaluate task (--no-final_eval)."""
+    if not metrics:
+        return "no final evaluation (--no-final_eval: evaluate scores the written model)"
+    return f"auc {metrics['auc']:.5f}"

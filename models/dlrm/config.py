@@ -59,6 +59,8 @@ class DlrmConfig:
     limit_eval_batches: int | None = option(None, "evaluate on at most this many batches", type=int)
     log_every_steps: int = option(100, "progress line / train_log.jsonl record interval")
     eval_every_steps: int = option(0, "evaluate during training every N steps (0: only at the end)")
+    final_eval: bool = option(True, "score the test mapping once training ends (the pipelines turn it off: their "
+                                    "evaluate task scores the written model on the same rows)")
     checkpoint_every_steps: int = option(0, "also save a checkpoint every N steps (0: none by steps)")
     checkpoint_every_minutes: float = option(15.0, "save a checkpoint once this many minutes have passed since the "
                                                    "last, checked at log intervals (0: none by time); with "

@@ -24,6 +24,7 @@ from typing import Any
 import torch
 
 from models.common.checkpoint_clock import CheckpointClock
+from models.common.evaluation import final_eval_words
 from models.common.time_budget import measured_too_slow, stop_if_too_slow
 from models.torchkit.checkpoint import (CheckpointError, capture_rng_state, device_fingerprint, latest_checkpoint,
                                       link_checkpoint, load_checkpoint, restore_rng_state, save_checkpoint,
@@ -475,7 +476,7 @@ def _finish(run: _Run, resumed: int | None, meter: ProgressMeter) -> TrainResult
                          final_metrics={}, embedding_bytes=per_rank[run.ctx.rank], weights_sha256=checksum,
                          output_dir=run.out)
     started = time.perf_counter()
-    metrics = _evaluate(run, final=True) if run.ctx.is_main or run.sharded else None
+    metrics = _evaluate(run, final=True) if run.cfg.final_eval and (run.ctx.is_main or run.sharded) else None
     run.seconds["final_eval"] = time.perf_counter() - started
     if not run.ctx.is_main:
         barrier(run.ctx)  # wait until rank 0 has written the outputs (see the module docstring)
@@ -489,7 +490,7 @@ def _finish(run: _Run, resumed: int | None, meter: ProgressMeter) -> TrainResult
                             "final_train_loss": train_losses[-1] if train_losses else None,
                             "embedding_bytes": result.embedding_bytes, "embedding_bytes_per_rank": per_rank,
                             "sharding": run.cfg.sharding, "resumed_from_step": resumed,
-                            "weights_sha256": checksum, "mapping": run.cfg.test_mapping,
+                            "weights_sha256": checksum, **({"mapping": run.cfg.test_mapping} if metrics else {}),
                             "seconds": {k: round(v, 3) for k, v in run.seconds.items()}}
     if run.sharded:
         result.final_metrics["sharding_plan"] = sharded.plan_summary(run.core)
@@ -500,7 +501,7 @@ def _finish(run: _Run, resumed: int | None, meter: ProgressMeter) -> TrainResult
     # Written last: a metrics.json newer than model.pt means the run's outputs are complete.
     result.metrics_path = run.out / "metrics.json"
     write_text_atomic(result.metrics_path, json.dumps(result.final_metrics, indent=2, sort_keys=True))
-    run.log(f"done: {run.step} steps, auc {metrics.get('auc', float('nan')):.5f}, outputs in {run.out}")
+    run.log(f"done: {run.step} steps, {final_eval_words(metrics)}, outputs in {run.out}")
     barrier(run.ctx)
     return result
 

@@ -35,6 +35,7 @@ from models.dlrm_tf.evaluate import make_predictor, predict_mapping, save_model
 from models.dlrm_tf.model import DlrmTf, DlrmTfModelConfig, build_model
 from models.dlrm_tf.steps import make_host_table_sync, make_train_step
 from models.common.checkpoint_clock import CheckpointClock
+from models.common.evaluation import final_eval_words
 from models.common.time_budget import AGREED_TOO_SLOW, measured_too_slow, stop_if_too_slow
 from models.tfkit.cluster import WorkerContext, barrier, start_worker, sum_over_workers
 from models.tfkit.precision import precision_policy, wrap_optimizer
@@ -216,19 +217,20 @@ def _finish(run: _Run, resumed: int | None, meter: ProgressMeter) -> TrainResult
     if run.ctx.is_chief:
         from models.common.plots import plot_training_curves  # matplotlib: the chief only, at the end
 
-        metrics = _evaluate(run, final=True) or {}
+        metrics = (_evaluate(run, final=True) if cfg.final_eval else None) or {}
         train_losses = [r["loss"] for r in run.state.records if r["kind"] == "train"]
         result.final_metrics = {
             **metrics, "steps": run.step, "world_size": run.ctx.workers, "workers": run.ctx.workers,
             "batch_size": cfg.batch_size, "samples_per_second": rate,
             "final_train_loss": train_losses[-1] if train_losses else None,
             "embedding_bytes": sum(run.model.config.table_bytes()), "host_tables": run.model.config.host_tables(),
-            "resumed_from_step": resumed, "weights_sha256": checksum, "mapping": cfg.test_mapping,
+            "resumed_from_step": resumed, "weights_sha256": checksum,
+            **({"mapping": cfg.test_mapping} if metrics else {}),
             "framework": "tensorflow", "precision": run.precision, "xla": cfg.xla, "interaction": cfg.interaction}
         write_final_outputs(result, run.state, lambda: save_model(run.out, run.model, cfg.to_dict(), run.step),
                             lambda records, path: plot_training_curves(records, path,
                                                                        title=f"DLRM (TF2) {run.out.name}"))
-        run.log(f"done: {run.step} steps, auc {metrics.get('auc', float('nan')):.5f}, {rate:,.0f} samples/s, "
+        run.log(f"done: {run.step} steps, {final_eval_words(metrics)}, {rate:,.0f} samples/s, "
                 f"outputs in {run.out}")
     barrier(run.ctx)  # nobody leaves the collective runtime while the chief still writes
     return result

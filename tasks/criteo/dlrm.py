@@ -150,10 +150,11 @@ def export(settings: Settings, run_id: str, run: dict[str, Any]) -> dict[str, An
     done = paths.export / "export.json"
     _, _, module, weights = FRAMEWORKS[framework_of(run)]
     model = paths.train / weights[0]
-    if not (done.is_file() and json.loads(done.read_text()).get("source_sha256") == file_sha256(model)):
+    source = file_sha256(model)  # read once: the weights are GBs at full size
+    if not (done.is_file() and json.loads(done.read_text()).get("source_sha256") == source):
         run_module(module, ["--model_path", str(model), "--output_dir", str(paths.export)],
                    label=f"export {run_id}", what="export")
-        record = json.loads(done.read_text()) | {"source_sha256": file_sha256(model)}
+        record = json.loads(done.read_text()) | {"source_sha256": source}
         write_text_atomic(done, json.dumps(record, indent=2, sort_keys=True))
     write_text_atomic(paths.export / PREPROCESSING_FILE, json.dumps(spec, indent=2, sort_keys=True))
     return json.loads(done.read_text())

@@ -443,7 +443,7 @@ def test_train_killed_resumes_from_last_checkpoint(golden, tmp_path, seed):
           f"retry resumed from {resumed or 'scratch'}{' (already finished)' if finished else ''}")
     # RNG states, optimizer and scheduler are in the checkpoint and the batch order is a function of (seed, epoch):
     # a resumed run is bit-identical to an uninterrupted one.
-    for key in ("steps", "weights_sha256", "auc", "logloss", "rows", "final_train_loss"):
+    for key in ("steps", "weights_sha256", "final_train_loss"):  # the test rows are scored by evaluate (below)
         assert metrics[key] == clean[key], key
     assert train_records(train_dir) == train_records(run_dir(golden.root) / "train")
     assert checkpoint_steps(train_dir) == checkpoint_steps(run_dir(golden.root) / "train")
