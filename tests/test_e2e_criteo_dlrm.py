@@ -153,6 +153,11 @@ def test_a_worse_model_is_gated_out_by_scoring_production_on_the_same_rows(inges
     # Scored on the same rows as its own evaluation, the production model's AUC is exactly the one it published.
     assert gate["baseline_auc"] == pytest.approx(latest["metrics"]["auc"], abs=1e-6)
     assert gate["auc"] < gate["baseline_auc"] - 0.005
+    # The gate fetched what eager scoring reads, not the TorchScript export (as large as the weights at full size).
+    from tasks.criteo.layout import models_cache
+
+    fetched = models_cache(root) / "criteo_dlrm" / latest["version"]
+    assert (fetched / "model.pt").is_file() and not (fetched / "triton").exists()
     assert "gate FAILED: auc" in run["log"]
 
 

@@ -18,6 +18,7 @@ from tasks.release.artifact_store import ArtifactStore, open_store
 from tasks.release.publish import (
     VersionConflict,
     fetch_published_file,
+    fetch_published_version,
     latest_version,
     load_published_metrics,
     make_version,
@@ -214,6 +215,36 @@ def test_fetch_detects_a_corrupted_object(backend, tmp_path):
     with pytest.raises(ValueError, match="does not match its manifest"):
         fetch_published_file(backend.uri, MODEL, V1, "feature_spec.yaml", target, s3_client=backend.client)
     assert not target.exists() and os.listdir(target.parent) == []
+
+
+def test_a_scorer_fetches_only_the_files_it_reads_and_a_full_copy_serves_it(backend, tmp_path, monkeypatch):
+    # The gate scores the production version eagerly: a Triton export as large as the weights stays in the store.
+    files = model_files(tmp_path / "a") | {"triton/dlrm/1/model.pt": tmp_path / "a" / "serving.pt"}
+    files["triton/dlrm/1/model.pt"].write_bytes(b"torchscript")
+    publish_model(backend.uri, MODEL, V1, files, METRICS, LINEAGE, s3_client=backend.client)
+    fetched: list[str] = []
+    real_fetch = publish_module._fetch_file
+    monkeypatch.setattr(publish_module, "_fetch_file",
+                        lambda store, model, version, manifest, name, path: fetched.append(name) or
+                        real_fetch(store, model, version, manifest, name, path))
+    local = tmp_path / "cache" / V1
+    scoring = {"wanted": lambda name: not name.startswith("triton/"), "s3_client": backend.client}
+
+    assert fetch_published_version(backend.uri, MODEL, V1, local, **scoring) == local
+    held = {p.relative_to(local).as_posix() for p in local.rglob("*") if p.is_file()}
+    assert held == {"checkpoint.pt", "feature_spec.yaml", "dictionary/summary.json", "metrics.json",
+                    "lineage.json", "_MANIFEST.json"}
+    assert sorted(json.loads((local / "_MANIFEST.json").read_text())["files"]) == sorted(held - {"_MANIFEST.json"})
+    assert (local / "checkpoint.pt").read_bytes() == files["checkpoint.pt"].read_bytes()
+    fetch_published_version(backend.uri, MODEL, V1, local, **scoring)  # cached: nothing fetched again
+    assert sorted(fetched) == sorted(held - {"_MANIFEST.json"})
+
+    fetched.clear()  # every file (the predict CLI's fetch_model): the whole version again, which then serves both
+    fetch_published_version(backend.uri, MODEL, V1, local, s3_client=backend.client)
+    assert (local / "triton/dlrm/1/model.pt").read_bytes() == b"torchscript" and len(fetched) == 6
+    fetch_published_version(backend.uri, MODEL, V1, local, **scoring)
+    fetch_published_version(backend.uri, MODEL, V1, local, s3_client=backend.client)
+    assert len(fetched) == 6
 
 
 def _publish_in_child(uri: str, endpoint_url: str | None, version: str, directory: str, seed: int, start,

@@ -165,12 +165,12 @@ def score_published(settings: Settings, run_id: str, version_uri: str, run: dict
     """AUC / logloss of a published version on this run's test rows: the first metrics["rows"] good rows of the test
     day's raw file (exactly the rows of the run's `test` mapping), scored through the version's own dictionary by
     `predict` in a child process."""
-    from tasks.criteo.predict import missing_for_scoring
+    from tasks.criteo.predict import missing_for_scoring, read_by_eager_scoring
 
     return score_with_predict(settings, run_id, version_uri, paths=run_paths(settings, run_id),
                               cache_dir=layout.models_cache(settings.data_root), required=missing_for_scoring,
-                              predict_module=PREDICT_MODULE, aws_conn_id=aws_conn_id,
-                              args=lambda local: ["--model-dir", str(local), "--input",
+                              wanted=read_by_eager_scoring, predict_module=PREDICT_MODULE, aws_conn_id=aws_conn_id,
+                              args=lambda local: ["--model-dir", str(local), "--engine", "eager", "--input",
                                                   str(layout.raw_day(settings.data_root, run["test_day"])),
                                                   "--limit-rows", str(int(metrics["rows"])),
                                                   "--bad-row-budget", "1.0", "--device", run["device"]])
@@ -201,7 +201,7 @@ def publishable_files(settings: Settings, run_id: str, run: dict[str, Any]) -> d
     curves, log and the gate's record. Raises FileNotFoundError naming what is missing, then NotAllowed for a
     version predict could not score (check_scorable)."""
     from tasks.criteo.contract import DICTIONARY
-    from tasks.criteo.predict import DICTIONARY_PREFIX, PREPROCESSING_FILE
+    from tasks.criteo.predict import DICTIONARY_PREFIX, PREPROCESSING_FILE, SERVING_PREFIX
 
     paths, framework = run_paths(settings, run_id), framework_of(run)
     files = {
@@ -222,7 +222,7 @@ def publishable_files(settings: Settings, run_id: str, run: dict[str, Any]) -> d
     files |= {f"dictionary/nvt_workflow/{path.relative_to(workflow).as_posix()}": path
               for path in sorted(workflow.rglob("*"))
               if path.is_file() and not is_temporary(path.relative_to(workflow))}
-    files |= {f"triton/{path.relative_to(paths.export).as_posix()}": path
+    files |= {f"{SERVING_PREFIX}{path.relative_to(paths.export).as_posix()}": path
               for path in sorted(paths.export.rglob("*"))
               if path.is_file() and path.name not in ("export.json", PREPROCESSING_FILE)
               and not is_temporary(path.relative_to(paths.export))}

@@ -40,7 +40,8 @@ log = logging.getLogger(__name__)
 
 PREPROCESSING_FILE = "preprocessing.json"
 DICTIONARY_PREFIX = "dictionary/values/"
-TORCHSCRIPT_FILE = "triton/dlrm/1/model.pt"
+SERVING_PREFIX = "triton/"  # the Triton model repository: the TorchScript export (as large as the weights)
+TORCHSCRIPT_FILE = f"{SERVING_PREFIX}dlrm/1/model.pt"
 MODEL_FILE = "model.pt"
 SCORE_BATCH_ROWS = 65536
 
@@ -76,6 +77,11 @@ def missing_for_scoring(files: list[str]) -> list[str]:
     if not any(name.startswith(DICTIONARY_PREFIX) for name in files):
         missing.append(DICTIONARY_PREFIX + "*.parquet")
     return missing
+
+
+def read_by_eager_scoring(name: str) -> bool:
+    """Whether scoring with --engine eager (what the gate runs) reads a version's file: all but the serving export."""
+    return not name.startswith(SERVING_PREFIX)
 
 
 def check_self_contained(version_dir: Path) -> None:

@@ -117,15 +117,17 @@ def require_files(run_id: str, files: dict[str, Path], missing: Iterable[str] = 
 
 def score_with_predict(settings: Settings, run_id: str, version_uri: str, *, paths: RunPaths, cache_dir: Path,
                        required: Callable[[list[str]], list[str]], predict_module: str,
-                       args: Callable[[Path], list[str]], aws_conn_id: str | None) -> dict[str, Any]:
+                       args: Callable[[Path], list[str]], aws_conn_id: str | None,
+                       wanted: Callable[[str], bool] | None = None) -> dict[str, Any]:
     """A published version's metrics on a run's own test rows: the version fetched and verified here (with the
-    task's connection), then scored by `predict_module score`-style `args(local copy)` in a child process (the
-    model may be large; the Airflow worker never loads the framework), which writes them to
-    gate/production_metrics.json."""
+    task's connection; only the files `wanted` names, default all), then scored by `predict_module score`-style
+    `args(local copy)` in a child process (the model may be large; the Airflow worker never loads the framework),
+    which writes them to gate/production_metrics.json."""
     from tasks.core.launch import run_module
     from tasks.release.steps import fetch_production
 
-    local = fetch_production(settings, version_uri, cache_dir, aws_conn_id=aws_conn_id, required=required)
+    local = fetch_production(settings, version_uri, cache_dir, aws_conn_id=aws_conn_id, required=required,
+                             wanted=wanted)
     out = paths.gate / "production_metrics.json"
     run_module(predict_module, [*args(local), "--metrics-out", str(out)], label=f"gate {run_id}",
                what=f"scoring production {version_uri}")

@@ -26,7 +26,7 @@ import os
 import random
 import re
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -404,24 +404,31 @@ def _fetch_file(store: ArtifactStore, model_name: str, version: str, manifest: d
 
 
 def fetch_published_version(store_uri: str, model_name: str, version: str, local_dir: Path,
-                            s3_client=None, trusted_sha256: str | None = None) -> Path:
-    """Every file of a committed version under local_dir, each verified against the manifest (and the manifest
+                            s3_client=None, trusted_sha256: str | None = None,
+                            wanted: Callable[[str], bool] | None = None) -> Path:
+    """Every file of a committed version under local_dir (or those whose name `wanted` accepts: a scorer need not
+    download a GB-sized serving export it never loads), each verified against the manifest (and the manifest
     against `trusted_sha256`, the digest the registry recorded at publish time, when given: TamperedVersion
     otherwise, before anything is downloaded); the directory appears only complete (atomic) with the version's
-    manifest in it, and a second call finds it and returns."""
+    manifest in it, listing the files it holds, and a later call that it holds every file of finds it and returns."""
     from tasks.core.storage import atomic_directory
 
     local_dir = Path(local_dir)
     store = open_store(store_uri, s3_client)
     manifest = _committed_manifest(store, model_name, version, trusted_sha256)
+    files = {name: entry for name, entry in manifest["files"].items() if wanted is None or wanted(name)}
     local_manifest = local_dir / MANIFEST_NAME
-    if local_manifest.is_file() and json.loads(local_manifest.read_text()).get("files") == manifest["files"]:
-        return local_dir
+    if local_manifest.is_file():
+        held = json.loads(local_manifest.read_text()).get("files", {})
+        if all(held.get(name) == entry for name, entry in files.items()):
+            return local_dir
     with atomic_directory(local_dir) as tmp:
-        for name in sorted(manifest["files"]):
+        for name in sorted(files):
             _fetch_file(store, model_name, version, manifest, name, tmp / name)
-        (tmp / MANIFEST_NAME).write_text(json.dumps(manifest, indent=2, sort_keys=True))
-    log.info("fetched %s version %s (%d files) into %s", model_name, version, len(manifest["files"]), local_dir)
+        (tmp / MANIFEST_NAME).write_text(json.dumps({**manifest, "files": files}, indent=2, sort_keys=True))
+    left = len(manifest["files"]) - len(files)
+    log.info("fetched %s version %s (%d files%s) into %s", model_name, version, len(files),
+             f"; {left} its reader does not need left in the store" if left else "", local_dir)
     return local_dir
 
 

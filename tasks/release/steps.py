@@ -70,11 +70,12 @@ def trusted_version(settings: Settings, model: str, version: str | None,
 
 
 def fetch_production(settings: Settings, version_uri: str, cache_dir: Path, *, aws_conn_id: str | None,
-                     required: Callable[[list[str]], list[str]], registry_conn_id: str | None = None) -> Path:
+                     required: Callable[[list[str]], list[str]], registry_conn_id: str | None = None,
+                     wanted: Callable[[str], bool] | None = None) -> Path:
     """A local copy of a published version (what the gate scores), verified before any of it is loaded: its
     manifest against the digest the registry recorded at publish time (TamperedVersion, one line, otherwise), each
     file against the manifest. `required(file names)` lists what the version lacks to be scored; a version that lacks
-    something raises FileNotFoundError naming it."""
+    something raises FileNotFoundError naming it. `wanted(file name)`: the files the scorer reads (default all)."""
     from tasks.release.publish import fetch_published_version, parse_model_uri, published_manifest
 
     store, model, version = parse_model_uri(version_uri)
@@ -83,7 +84,7 @@ def fetch_production(settings: Settings, version_uri: str, cache_dir: Path, *, a
     missing = required(list(published_manifest(store, model, version, s3_client, trusted)["files"]))
     if missing:
         raise FileNotFoundError(f"{model} {version} has no {', '.join(missing)}")
-    return fetch_published_version(store, model, version, cache_dir / model / version, s3_client, trusted)
+    return fetch_published_version(store, model, version, cache_dir / model / version, s3_client, trusted, wanted)
 
 
 def fetch_model(model_uri: str, cache_dir: Path, s3_client: Any = None) -> Path:
