@@ -89,7 +89,8 @@ def test_tiny_run_learns_planted_signal_and_writes_outputs(dataset: Path, tmp_pa
     records = [json.loads(l) for l in (tmp_path / "train_log.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records if r["kind"] == "eval"] == [150, 300, 312]
     assert all(r["samples_per_second"] > 0 for r in records if r["kind"] == "train")
-    assert (tmp_path / "training_curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    png = (tmp_path / "training_curves.png").read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and int.from_bytes(png[16:20], "big") == 1000  # loss and AUC panels
     assert latest_checkpoint(tmp_path / "checkpoints") == tmp_path / "checkpoints" / "step_00000312.pt"
     assert sorted(p.name for p in (tmp_path / "checkpoints").glob("*.pt"))[-1] == "step_00000312.pt"
     evaluated = evaluate.main(["--model_path", str(result.model_path), "--device", "cpu"])
@@ -104,6 +105,8 @@ def test_without_final_eval_the_test_rows_are_left_to_the_evaluator(dataset: Pat
     assert result.steps == 5 and "auc" not in result.final_metrics and "mapping" not in result.final_metrics
     assert "eval" not in {json.loads(l)["kind"] for l in (tmp_path / "train_log.jsonl").read_text().splitlines()}
     assert "done: 5 steps, no final evaluation" in capsys.readouterr().out
+    png = (tmp_path / "training_curves.png").read_bytes()
+    assert int.from_bytes(png[16:20], "big") == 500  # the loss panel alone (with evaluations: 1000 px, two panels)
     assert evaluate.main(["--model_path", str(result.model_path), "--device", "cpu"]).rows == 5_000
 
 

@@ -177,6 +177,16 @@ def test_a_version_without_its_dictionary_is_refused(version, tmp_path):
         predict_file(partial, CRITEO_SAMPLE)
 
 
+def test_a_copy_without_the_serving_export_scores_eagerly_and_refuses_torchscript(version, tmp_path):
+    # What the gate fetches of a production version (tasks.criteo.predict.read_by_eager_scoring).
+    partial = tmp_path / "for_the_gate"
+    shutil.copytree(version, partial)
+    shutil.rmtree(partial / "triton")
+    assert predict_file(partial, CRITEO_SAMPLE, tmp_path / "eager.tsv").scored == 100
+    with pytest.raises(NotSelfContained, match=f"has no {TORCHSCRIPT_FILE}: score it with --engine eager"):
+        predict_file(partial, CRITEO_SAMPLE, tmp_path / "ts.tsv", engine="torchscript")
+
+
 def test_fetch_model_resolves_latest_and_verifies_files(version, tmp_path):
     from datetime import datetime, timezone
 

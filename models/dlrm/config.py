@@ -58,7 +58,7 @@ class DlrmConfig:
     limit_train_batches: int | None = option(None, "stop each epoch after this many steps", type=int)
     limit_eval_batches: int | None = option(None, "evaluate on at most this many batches", type=int)
     log_every_steps: int = option(100, "progress line / train_log.jsonl record interval")
-    eval_every_steps: int = option(0, "evaluate during training every N steps (0: only at the end)")
+    eval_every_steps: int = option(0, "evaluate during training every N steps (0: only at the end, if final_eval)")
     final_eval: bool = option(True, "score the test mapping once training ends (the pipelines turn it off: their "
                                     "evaluate task scores the written model on the same rows)")
     checkpoint_every_steps: int = option(0, "also save a checkpoint every N steps (0: none by steps)")

@@ -224,13 +224,13 @@ def validate_dataset(dataset_dir: Path) -> dict[str, Any]:
 
 def train(settings: Settings, run_id: str, run: dict[str, Any]) -> dict[str, Any]:
     from tasks.core.launch import train_with_torchrun
-    from tasks.core.dlrm_knobs import dlrm_memory_need, time_budget
+    from tasks.core.dlrm_knobs import PIPELINE_TRAINER_FLAGS, dlrm_memory_need, time_budget
 
     paths = run_paths(settings, run_id)
     config = model_config(run["knobs"], run["device"])
     return train_with_torchrun(TRAIN_MODULE, paths.dataset, paths.train, config, nproc=run["nproc"],
                                label=f"train {run_id}", memory=dlrm_memory_need(paths.dataset, config),
-                               time_budget_s=time_budget(run))
+                               time_budget_s=time_budget(run), flags=PIPELINE_TRAINER_FLAGS)
 
 
 def evaluate(settings: Settings, run_id: str, run: dict[str, Any], trained: dict[str, Any] | None = None,

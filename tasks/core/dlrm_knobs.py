@@ -92,17 +92,20 @@ def nvidia_recipe(sharding: bool = True) -> dict[str, Any]:
 
 def dlrm_model_config(knobs: Mapping[str, Any], model_knobs: Sequence[str], device: str) -> dict[str, Any]:
     """A DLRM trainer's config fields from a pipeline's resolved knobs: every model knob explicit, the MLP widths
-    parsed (the top MLP must end in 1, the click logit), and the device. Refuses bad sizes with one line. The
-    trainer does not score the test rows at the end: the pipeline's evaluate task scores them from the written
-    model, once (a whole test day at full size)."""
+    parsed (the top MLP must end in 1, the click logit), and the device. Refuses bad sizes with one line."""
     config = {name: knobs[name] for name in model_knobs}
     config["bottom_mlp_sizes"] = layer_sizes(knobs["bottom_mlp"])
     config["top_mlp_sizes"] = layer_sizes(knobs["top_mlp"])
     if config["top_mlp_sizes"][-1] != 1:
         raise ValueError(f"top MLP {knobs['top_mlp']!r} must end in 1 (the click logit)")
     config["device"] = device
-    config["final_eval"] = False
     return config
+
+
+# What a pipeline's DLRM trainer is told besides its config (not part of the config: no weight depends on them, so
+# they change neither the run's cache key, its lineage nor the gate's config hash). No final evaluation: the
+# pipeline's evaluate task scores the test rows from the written model, once (89M rows at full size).
+PIPELINE_TRAINER_FLAGS: dict[str, Any] = {"final_eval": False}
 
 
 def time_budget(run: Mapping[str, Any]) -> float:

@@ -392,13 +392,15 @@ def _training_result(output_dir: Path, model_file: str, done: dict[str, Any]) ->
 
 def train_with_torchrun(module: str, dataset_dir: Path, output_dir: Path, config: Mapping[str, Any], *,
                         nproc: int = 1, label: str = "train", nodes: NodeLayout | None = None,
-                        memory: MemoryNeed | None = None, time_budget_s: float = 0.0) -> dict[str, Any]:
+                        memory: MemoryNeed | None = None, time_budget_s: float = 0.0,
+                        flags: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """Run `module` (a trainer whose main() takes --dataset_dir/--output_dir plus its config flags and writes
     model.pt, then metrics.json) on nproc processes; cached by a manifest of (dataset, config, nproc). Returns
     metrics + paths. `nodes`: this node's place in a multi-node job (default: from the deployment's settings);
     every node calls this with the same arguments. `memory`: the model's least memory, checked before launching.
     `time_budget_s`: the seconds the task has left over its attempts, handed to a trainer that takes it (not part
-    of the cache key: a retry has less)."""
+    of the cache key: a retry has less). `flags`: more config fields for the trainer that change no weight (not
+    part of the cache key either)."""
     dataset_manifest = read_manifest(dataset_dir)
     if dataset_manifest is None:
         raise FileNotFoundError(f"dataset {dataset_dir} has no manifest: run transform / validate first")
@@ -411,7 +413,7 @@ def train_with_torchrun(module: str, dataset_dir: Path, output_dir: Path, config
         check_one_gpu_each(nproc, str(config.get("device", "auto")))
         if memory is not None:
             check_memory(memory, nproc, device=str(config.get("device", "auto")), nodes=nodes)
-        full = {**config, "dataset_dir": str(dataset_dir), "output_dir": str(output_dir),
+        full = {**config, **(flags or {}), "dataset_dir": str(dataset_dir), "output_dir": str(output_dir),
                 **({"time_budget_s": time_budget_s} if time_budget_s else {})}
         argv = torchrun_command(nproc, module, config_args(full), nnodes=nodes.nnodes, node_rank=nodes.node_rank,
                                 **nodes.torchrun_rdzv(output_dir))
@@ -480,14 +482,14 @@ def tf_worker_envs(workers: int, *, ports: list[int] | None = None, host: str = 
 def train_with_tf_workers(module: str, dataset_dir: Path, output_dir: Path, config: Mapping[str, Any], *,
                           workers: int = 1, label: str = "train", manifest_dir: Path | None = None,
                           nodes: NodeLayout | None = None, memory: MemoryNeed | None = None,
-                          time_budget_s: float = 0.0) -> dict[str, Any]:
+                          time_budget_s: float = 0.0, flags: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """Run `module` (a TensorFlow trainer whose main() takes --dataset_dir/--output_dir plus its config flags,
     reads TF_CONFIG and writes metrics.json on the chief) as `workers` processes; cached by a manifest of
     (dataset, config, workers). `manifest_dir`: where the dataset's manifest is when dataset_dir is a part of a
     larger output (default: dataset_dir). If one worker fails the others are stopped and TrainingFailed names the
     failing worker and its last error line. `nodes`: this node's place in a multi-node job (default: from the
     deployment's settings; `workers` is then the number per node). `memory`: the model's least memory, checked
-    before launching. `time_budget_s`: as train_with_torchrun's. Returns metrics + paths."""
+    before launching. `time_budget_s`, `flags`: as train_with_torchrun's. Returns metrics + paths."""
     manifest_dir = manifest_dir or dataset_dir
     dataset_manifest = read_manifest(manifest_dir)
     if dataset_manifest is None:
@@ -503,7 +505,7 @@ def train_with_tf_workers(module: str, dataset_dir: Path, output_dir: Path, conf
     if done is None:
         if memory is not None:
             check_memory(memory, workers, device=str(config.get("device", "auto")), nodes=nodes)
-        full = {**config, "dataset_dir": str(dataset_dir), "output_dir": str(output_dir),
+        full = {**config, **(flags or {}), "dataset_dir": str(dataset_dir), "output_dir": str(output_dir),
                 **({"time_budget_s": time_budget_s} if time_budget_s else {})}
         argv = [sys.executable, "-m", module, *config_args(full)]
         envs = tf_worker_envs(workers, **layout)

@@ -106,7 +106,7 @@ def train(settings: Settings, run_id: str, run: dict[str, Any]) -> dict[str, Any
     memory is checked against the node before anything is launched (the TF2 trainer keeps the largest tables in
     host memory on a GPU, at its default threshold)."""
     from tasks.core.launch import train_with_tf_workers, train_with_torchrun
-    from tasks.core.dlrm_knobs import HOST_TABLE_THRESHOLD_BYTES, dlrm_memory_need, time_budget
+    from tasks.core.dlrm_knobs import HOST_TABLE_THRESHOLD_BYTES, PIPELINE_TRAINER_FLAGS, dlrm_memory_need, time_budget
 
     paths = run_paths(settings, run_id)
     config = model_config(run["knobs"], run["device"])
@@ -115,9 +115,10 @@ def train(settings: Settings, run_id: str, run: dict[str, Any]) -> dict[str, Any
     if tf2:
         return train_with_tf_workers(FRAMEWORKS["tensorflow"][0], paths.dataset, paths.train, config,
                                      workers=run["nproc"], label=f"train {run_id}", memory=memory,
-                                     time_budget_s=time_budget(run))
+                                     time_budget_s=time_budget(run), flags=PIPELINE_TRAINER_FLAGS)
     return train_with_torchrun(TRAIN_MODULE, paths.dataset, paths.train, config, nproc=run["nproc"],
-                               label=f"train {run_id}", memory=memory, time_budget_s=time_budget(run))
+                               label=f"train {run_id}", memory=memory, time_budget_s=time_budget(run),
+                               flags=PIPELINE_TRAINER_FLAGS)
 
 
 def evaluate(settings: Settings, run_id: str, run: dict[str, Any], trained: dict[str, Any] | None = None,

@@ -149,6 +149,9 @@ class Scorer:
         elif engine == "torchscript":
             from models.dlrm.export import load_serving_model
 
+            if not (version_dir / TORCHSCRIPT_FILE).is_file():  # a copy fetched for eager scoring (the gate's)
+                raise NotSelfContained(f"{version_dir} has no {TORCHSCRIPT_FILE}: score it with --engine eager, or "
+                                       "fetch the whole version (--model <store>/criteo_dlrm/versions/<version>)")
             self.model = load_serving_model(version_dir / TORCHSCRIPT_FILE).to(self.device)
         else:
             raise ValueError(f"unknown engine {engine!r}: expected eager or torchscript")
