@@ -47,16 +47,18 @@ def write_model_file(path: Path, state: dict[str, torch.Tensor], hparams: dict[s
 
 
 def load_model_file(path: Path, device: torch.device | str = "cpu") -> tuple[Dlrm, dict[str, Any]]:
-    """Rebuild the model from model.pt with the weights_only loader; returns (model in eval mode, payload). The model
-    is built on `device` (its tables allocated and initialised there, once: on a GPU not first on the host, then
-    copied) and the file's tensors are memory-mapped, so the host holds no second copy of the tables. A model whose
-    tables do not fit the GPU (trained sharded over several) is built on the CPU instead, with a line that says so:
-    scoring it there takes longer but finishes. Callers score on the model's device (`model_device`)."""
+    """Rebuild the model from model.pt with the weights_only loader; returns (model in eval mode, payload). The
+    file's tensors are memory-mapped and the tables are never initialised, only filled from the file: on a GPU the
+    model is built there (not first on the host, then copied) and the tables are copied in from the mapped file; on
+    the CPU the model's weights are the mapped file's own (no copy: the tables are read from the page cache as
+    they are looked up). A model whose tables do not fit the GPU (trained sharded over several) is built on the
+    CPU instead, with a line that says so: scoring it there takes longer but finishes. Callers score on the model's
+    device (`model_device`)."""
     payload = safe_load(Path(path), MODEL_KIND, map_location="cpu", mmap=True)
     device = _device_that_holds(payload["hparams"], torch.device(device))
     with torch.device(device):
-        model = build_model(payload["hparams"])
-    model.load_state_dict(payload["state_dict"])
+        model = build_model(payload["hparams"], init_tables=False)  # strict load: every table is filled, or raises
+    model.load_state_dict(payload["state_dict"], assign=device.type == "cpu")
     return model.eval(), payload
 
 

@@ -146,7 +146,8 @@ class JointEmbedding(nn.Module):
     gradient does). fused=False: an ordinary dense gradient (what DDP all-reduces).
     """
 
-    def __init__(self, sizes: Sequence[int], dim: int, fused: bool) -> None:
+    def __init__(self, sizes: Sequence[int], dim: int, fused: bool, init: bool = True) -> None:
+        """init=False: the weight is left uninitialised (untouched memory), for a loader that assigns the file's."""
         super().__init__()
         self.sizes = [int(s) for s in sizes]
         self.fused = fused
@@ -158,7 +159,8 @@ class JointEmbedding(nn.Module):
         # Allocated where the caller's device context says (train: the training device), never twice.
         self.weight = nn.Parameter(torch.empty(starts[-1], dim))
         self.pending: list[tuple[torch.Tensor, torch.Tensor]] = []
-        self.reset_parameters()
+        if init:
+            self.reset_parameters()
 
     @torch.no_grad()
     def reset_parameters(self) -> None:
@@ -211,13 +213,30 @@ class JointEmbedding(nn.Module):
         if error_msgs:
             return
         if local_metadata.get("assign_to_params_buffers", False) or self.weight.is_meta:
-            # assign=True (a model built on the meta device): one joint tensor from the tables, on their device.
-            joined = torch.cat([state_dict[name].detach() for name in names])
+            # assign=True (a model built on the meta device, or a loader that keeps the file's memory-mapped
+            # tensors): one joint tensor from the tables, on their device.
+            joined = _joint_view([state_dict[name].detach() for name in names])
+            if joined is None:
+                joined = torch.cat([state_dict[name].detach() for name in names])
             self.weight = nn.Parameter(joined, requires_grad=self.weight.requires_grad)
             return
         with torch.no_grad():
             for i, name in enumerate(names):
                 self.table(i).copy_(state_dict[name])
+
+
+def _joint_view(tables: Sequence[torch.Tensor]) -> torch.Tensor | None:
+    """The tables as one [sum(rows), d] tensor without a copy when they lie back to back in one storage (as
+    `_save_to_state_dict` saves them: views of the joint weight, so a loaded file's tables do), else None."""
+    first = tables[0]
+    dim, offset = first.shape[1], first.storage_offset()
+    for table in tables:
+        if (table.untyped_storage().data_ptr() != first.untyped_storage().data_ptr() or table.dim() != 2
+                or table.shape[1] != dim or table.dtype != first.dtype or table.stride() != (dim, 1)
+                or table.storage_offset() != offset):
+            return None
+        offset += table.shape[0] * dim
+    return first.as_strided((sum(t.shape[0] for t in tables), dim), (dim, 1))
 
 
 class Dlrm(nn.Module):
@@ -233,7 +252,9 @@ class Dlrm(nn.Module):
         hash_indices: bool = False,
         sparse_embeddings: bool = True,
         interaction_padding: bool = True,
+        init_tables: bool = True,
     ) -> None:
+        """init_tables=False leaves the tables uninitialised: for a loader about to replace them (build_model)."""
         super().__init__()
         if num_numerical < 1:
             raise ValueError("DLRM needs at least one numerical feature (the bottom MLP feeds the interaction)")
@@ -259,7 +280,7 @@ class Dlrm(nn.Module):
         self.bottom_mlp = mlp(num_numerical, bottom_mlp_sizes, relu_last=True)
         # With sparse_embeddings an SGD step touches only the rows a batch used (`apply_sparse_update`), never a
         # whole (possibly GB-sized) table; without, the joint weight gets a dense gradient.
-        self.embeddings = JointEmbedding(sizes, self.embedding_dim, fused=sparse_embeddings)
+        self.embeddings = JointEmbedding(sizes, self.embedding_dim, fused=sparse_embeddings, init=init_tables)
         self.register_buffer("rows_per_table", torch.tensor(sizes, dtype=torch.int64), persistent=False)
         self.interaction = DotInteraction(len(sizes), self.embedding_dim, interaction_padding)
         self.top_mlp = top_mlp(self.interaction, top_mlp_sizes)
@@ -318,7 +339,8 @@ class Dlrm(nn.Module):
         return self.top_mlp(self.interaction(bottom_out, embedded)).squeeze(1)
 
 
-def build_model(hparams: dict[str, Any]) -> Dlrm:
+def build_model(hparams: dict[str, Any], init_tables: bool = True) -> Dlrm:
     """Rebuild a model from the `hparams` dict stored in checkpoints and model.pt. Models saved before the
-    interaction was padded have no `interaction_padding`: they are rebuilt unpadded, as they were trained."""
-    return Dlrm(**{"interaction_padding": False, **hparams})
+    interaction was padded have no `interaction_padding`: they are rebuilt unpadded, as they were trained.
+    init_tables=False: the tables are left uninitialised, for a caller that loads the file's into them."""
+    return Dlrm(**{"interaction_padding": False, **hparams}, init_tables=init_tables)
