@@ -122,6 +122,8 @@ def test_sharded_model_file_is_the_plain_format(runs, sharding: str) -> None:
     assert evaluated.auc == pytest.approx(metrics["auc"], abs=1e-5) and evaluated.rows == 4_000
     model, payload = evaluate.load_model_file(out / "model.pt")
     assert isinstance(model, Dlrm) and state_checksum(payload["state_dict"]) == metrics["weights_sha256"]
+    # The tables were gathered into one joint host tensor: the CPU loader maps them back without a copy.
+    assert model.embeddings.weight.data_ptr() == payload["state_dict"]["embeddings.0.weight"].data_ptr()
     latest = (out / "checkpoints" / (out / "checkpoints" / "latest").read_text().strip())
     assert state_checksum(load_checkpoint(latest)["model"]) == metrics["weights_sha256"]
 

@@ -133,6 +133,11 @@ def test_a_model_file_is_scored_on_the_cpu_from_its_own_mapped_memory(tmp_path: 
     with torch.no_grad():
         assert torch.equal(loaded(numerical, categorical), expected)
 
+    from models.torchkit.checkpoint import host_state
+
+    state = host_state(model.state_dict())  # host tensors: not copied, the tables' views still share one storage
+    assert {v.untyped_storage().data_ptr() for k, v in state.items() if k.startswith("embeddings.")} == {
+        model.embeddings.weight.untyped_storage().data_ptr()}
     previous = tmp_path / "previous.pt"  # per-table tensors, each its own storage
     evaluate.write_model_file(previous, {k: v.clone() for k, v in PreviousDlrm(model).state_dict().items()},
                               model.hparams, {"dataset_dir": ""}, step=1)
@@ -140,6 +145,26 @@ def test_a_model_file_is_scored_on_the_cpu_from_its_own_mapped_memory(tmp_path: 
     assert joined.embeddings.weight.data_ptr() != payload["state_dict"]["embeddings.0.weight"].data_ptr()
     with torch.no_grad():
         assert torch.equal(joined(numerical, categorical), expected)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_a_model_trained_on_a_gpu_is_written_as_one_table_storage_and_scored_on_the_cpu_without_a_copy(
+        tmp_path: Path) -> None:
+    """write_model_file copies the GPU's joint table to the host once (models.torchkit.checkpoint.host_state), not
+    once per table into separate storages, which a CPU loader would have to join again (16.7 GB at full size)."""
+    torch.manual_seed(4)
+    model = Dlrm(5, CARDS, bottom_mlp_sizes=(16, 8), top_mlp_sizes=(16, 1)).cuda()
+    numerical, categorical, _ = _batches(1)[0]
+    with torch.no_grad():
+        expected = model(numerical.cuda(), categorical.cuda()).cpu()
+    path = tmp_path / "model.pt"
+    checksum = evaluate.write_model_file(path, model.state_dict(), model.hparams, {"dataset_dir": ""}, step=1)
+    assert checksum == state_checksum(model.state_dict())
+    loaded, payload = evaluate.load_model_file(path, "cpu")
+    assert loaded.embeddings.weight.data_ptr() == payload["state_dict"]["embeddings.0.weight"].data_ptr()
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(numerical, categorical), expected, atol=1e-5, rtol=1e-5)
 
 
 def test_the_padded_interaction_trains_as_the_unpadded_one_did() -> None:

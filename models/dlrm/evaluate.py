@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from models.common.evaluation import ClickEvalResult, evaluator_parser, write_eval_metrics
-from models.torchkit.checkpoint import FORMAT_VERSION, MODEL_KIND, safe_load, write_torch_atomic
+from models.torchkit.checkpoint import FORMAT_VERSION, MODEL_KIND, host_state, safe_load, write_torch_atomic
 from models.torchkit.device_batches import ahead_on_device, to_host_behind
 from models.torchkit.distributed import AMP_DTYPES, amp_dtype as resolve_amp_dtype, autocast_context, select_device
 from models.common.metrics import StreamingPredictions
@@ -38,7 +38,7 @@ def write_model_file(path: Path, state: dict[str, torch.Tensor], hparams: dict[s
     """Write model.pt from a state dict; returns the weights' sha256 (models.torchkit.checkpoint.state_checksum),
     hashed while the file is written. checkpoint: the rest of a training checkpoint (optimizer, schedule, RNG,
     records), so that the file also serves as the run's final checkpoint (load_checkpoint reads it)."""
-    weights = {k: v.detach().cpu() for k, v in state.items()}  # no copy for CPU tensors; one for a GPU's
+    weights = host_state(state)  # no copy for CPU tensors; one for a GPU's (its joint table kept one storage)
     payload = {"kind": MODEL_KIND, "version": FORMAT_VERSION, "architecture": "dlrm", "state_dict": weights,
                "hparams": hparams, "config": config, "step": step}
     if checkpoint is not None:

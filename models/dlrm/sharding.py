@@ -231,18 +231,35 @@ def _gather_to_host(value: Any, full: torch.Tensor | None, rank: int, group: Any
 
 
 def gather_plain_state(model: ShardedDlrm, ctx: DistContext) -> dict[str, torch.Tensor] | None:
-    """The whole model as a Dlrm state dict in rank 0's host memory (None elsewhere). Every rank must call this."""
+    """The whole model as a Dlrm state dict in rank 0's host memory (None elsewhere). Every rank must call this.
+    The tables are gathered into one joint host tensor, in table order, as a Dlrm holds them: model.pt then holds
+    them as one storage, which a loader maps back as the joint table without a copy."""
     plain: dict[str, torch.Tensor] = {}
     group = _host_group(ctx)
-    for key, value in model.state_dict().items():
+    state = model.state_dict()
+    tables = _joint_host_slots(state) if ctx.is_main else {}
+    for key, value in state.items():
         if _is_sharded(value):
-            full = torch.empty(value.size(), dtype=value.dtype) if ctx.is_main else None
+            full = None
+            if ctx.is_main:
+                full = tables[key] if key in tables else torch.empty(value.size(), dtype=value.dtype)
             _gather_to_host(value, full, ctx.rank, group)
             if ctx.is_main:
                 plain[plain_key(key)] = full
         elif ctx.is_main:
-            plain[plain_key(key)] = value.detach().cpu().clone()
+            plain[plain_key(key)] = tables[key].copy_(value) if key in tables else value.detach().cpu().clone()
     return plain if ctx.is_main else None
+
+
+def _joint_host_slots(state: Mapping[str, Any]) -> dict[str, torch.Tensor]:
+    """Each table's rows of one host tensor holding every table back to back in table order (sharded or not), by
+    ShardedDlrm key; {} when the tables differ in width or type (then each is gathered on its own)."""
+    keys = sorted((k for k in state if plain_key(k) != k), key=lambda k: int(plain_key(k).split(".")[1]))
+    if not keys or len({(state[k].size()[1], state[k].dtype) for k in keys}) != 1:
+        return {}
+    rows = [state[k].size()[0] for k in keys]
+    joint = torch.empty(sum(rows), state[keys[0]].size()[1], dtype=state[keys[0]].dtype)
+    return dict(zip(keys, torch.split(joint, rows)))
 
 
 @torch.no_grad()

@@ -61,6 +61,30 @@ def write_torch_atomic(path: Path, payload: dict[str, Any], checksum_of: dict[st
         return digest.result() if digest is not None else None
 
 
+def host_state(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The state's tensors in host memory (a host tensor is not copied), detached. Entries that are views of one
+    storage (the DLRM's per-table entries of its joint table) stay views of one host copy of it: torch.save then
+    writes it once as one storage, and a loader can map it back as one tensor (models.dlrm.model._joint_view)
+    where a copy per entry would make it join the tables again."""
+    counts: dict[tuple[str, int], int] = {}
+    for value in state.values():
+        where = (str(value.device), value.untyped_storage().data_ptr())
+        counts[where] = counts.get(where, 0) + 1
+    copies: dict[tuple[str, int], torch.UntypedStorage] = {}
+    host = {}
+    for key, value in state.items():
+        value = value.detach()
+        where = (str(value.device), value.untyped_storage().data_ptr())
+        if value.device.type == "cpu" or counts[where] == 1:
+            host[key] = value.cpu()
+            continue
+        if where not in copies:
+            copies[where] = value.untyped_storage().cpu()  # the whole storage, once
+        host[key] = torch.empty(0, dtype=value.dtype).set_(copies[where], value.storage_offset(), value.size(),
+                                                           value.stride())
+    return host
+
+
 def state_checksum(state: dict[str, torch.Tensor]) -> str:
     """sha256 over (name, raw bytes) of every tensor in key order: the identity of a set of weights. The tensors
     are hashed in place (a CPU tensor is not copied; another device's is copied to the CPU once)."""
