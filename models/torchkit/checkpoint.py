@@ -62,26 +62,33 @@ def write_torch_atomic(path: Path, payload: dict[str, Any], checksum_of: dict[st
 
 
 def host_state(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """The state's tensors in host memory (a host tensor is not copied), detached. Entries that are views of one
-    storage (the DLRM's per-table entries of its joint table) stay views of one host copy of it: torch.save then
-    writes it once as one storage, and a loader can map it back as one tensor (models.dlrm.model._joint_view)
-    where a copy per entry would make it join the tables again."""
-    counts: dict[tuple[str, int], int] = {}
+    """The state's tensors in host memory (a host tensor is not copied), detached. Entries of one type that are
+    views covering one device storage together (the DLRM's per-table entries of its joint table) become views of
+    one host copy of it: torch.save then writes it once as one storage, and a loader can map it back as one tensor
+    (models.dlrm.model._joint_view) where a copy per entry would make it join the tables again. Anything else is
+    copied entry by entry."""
+    def storage_of(value: torch.Tensor) -> tuple[str, int, torch.dtype] | None:
+        if value.device.type == "cpu" or not value.numel():
+            return None
+        return str(value.device), value.untyped_storage().data_ptr(), value.dtype
+
+    views: dict[tuple[str, int, torch.dtype] | None, list[torch.Tensor]] = {}
     for value in state.values():
-        where = (str(value.device), value.untyped_storage().data_ptr())
-        counts[where] = counts.get(where, 0) + 1
-    copies: dict[tuple[str, int], torch.UntypedStorage] = {}
+        views.setdefault(storage_of(value), []).append(value)
+    # device storages that two or more views of one type cover exactly: each copied once, whole
+    shared: dict[Any, torch.UntypedStorage | None] = {
+        where: None for where, group in views.items() if where is not None and len(group) > 1
+        and sum(v.numel() * v.element_size() for v in group) == group[0].untyped_storage().nbytes()}
     host = {}
     for key, value in state.items():
-        value = value.detach()
-        where = (str(value.device), value.untyped_storage().data_ptr())
-        if value.device.type == "cpu" or counts[where] == 1:
+        value, where = value.detach(), storage_of(value)
+        if where not in shared:
             host[key] = value.cpu()
             continue
-        if where not in copies:
-            copies[where] = value.untyped_storage().cpu()  # the whole storage, once
-        host[key] = torch.empty(0, dtype=value.dtype).set_(copies[where], value.storage_offset(), value.size(),
-                                                           value.stride())
+        if shared[where] is None:
+            shared[where] = value.untyped_storage().cpu()
+        host[key] = torch.empty(0, dtype=value.dtype, device="cpu").set_(shared[where], value.storage_offset(),
+                                                                         value.size(), value.stride())
     return host
 
 
