@@ -249,6 +249,21 @@ def test_remove_stale_temporaries_only_takes_dead_writers_leftovers(tmp_path: Pa
         live.wait()
 
 
+def test_a_manifest_never_lists_a_killed_writers_temporary(tmp_path: Path) -> None:
+    # A writer killed while writing the manifest leaves its temporary; the retry's manifest must not list it: the
+    # manifest's own atomic write removes it, and the output would then be "complete" with a file missing.
+    host, dead = socket.gethostname().replace("~", "_"), _dead_pid()
+    (tmp_path / "model.pt").write_bytes(b"w" * 10)
+    (tmp_path / f".tmp-{MANIFEST_NAME}~{host}~{dead}~67a17206").write_text("{")
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / ".lock-day=1").write_text("")
+    write_manifest(tmp_path, Manifest(kind="test", inputs={}), checksum=False)
+    manifest = read_manifest(tmp_path)
+    assert list(manifest["files"]) == ["model.pt"]
+    assert completed_manifest(tmp_path, {}) is not None
+    assert sorted(p.name for p in tmp_path.iterdir()) == [MANIFEST_NAME, "model.pt", "sub"]
+
+
 def test_a_new_attempt_reclaims_the_killed_attempts_temporary(tmp_path: Path) -> None:
     # What a SIGKILLed writer leaves (its own `with` never finished), then the retry's atomic_directory.
     host, dead = socket.gethostname().replace("~", "_"), _dead_pid()

@@ -65,11 +65,13 @@ class Manifest:
 
 
 def describe_files(directory: Path, checksum: bool = True) -> dict[str, dict[str, Any]]:
-    """Size (and sha256) of every file below a directory, keyed by relative path; the manifest itself excluded."""
+    """Size (and sha256) of every file below a directory, keyed by relative path; the manifest itself and writers'
+    temporaries and locks excluded (never part of an output: a killed writer's leftover is removed by the next
+    atomic write beside it, the manifest's own included, which would leave the manifest naming a missing file)."""
     described: dict[str, dict[str, Any]] = {}
     for path in sorted(p for p in directory.rglob("*") if p.is_file()):
         rel = path.relative_to(directory).as_posix()
-        if rel == MANIFEST_NAME:
+        if rel == MANIFEST_NAME or is_temporary(rel):
             continue
         entry: dict[str, Any] = {"bytes": path.stat().st_size}
         if checksum:
