@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from tasks.core.storage import file_sha256
 from tasks.release import publish as publish_module
 from tasks.release.artifact_store import ArtifactStore, open_store
 from tasks.release.publish import (
@@ -94,8 +95,9 @@ class RecordingStore:
         return getattr(self.inner, name)
 
     def put_file(self, local_path, key):
-        self.inner.put_file(local_path, key)
+        uploaded = self.inner.put_file(local_path, key)
         self.writes.append(("put_file", key))
+        return uploaded
 
     def put_bytes(self, key, data):
         self.inner.put_bytes(key, data)
@@ -134,8 +136,7 @@ def test_publish_writes_every_object_and_the_manifest_before_the_pointer(backend
     assert ("put_file", prefix + "checkpoint.pt") in recorded_writes
 
     manifest = json.loads(backend.store().get_bytes(prefix + "_MANIFEST.json"))
-    checkpoint_entry = manifest["files"]["checkpoint.pt"]
-    assert checkpoint_entry["bytes"] == 64 << 10 and len(checkpoint_entry["sha256"]) == 64
+    assert manifest["files"]["checkpoint.pt"] == {"bytes": 64 << 10, "sha256": file_sha256(files["checkpoint.pt"])}
     pointer = latest_version(backend.uri, MODEL, s3_client=backend.client)
     assert pointer["version"] == V1 and pointer["metrics"] == METRICS and pointer["uri"] == result.uri
     assert load_published_metrics(backend.uri, MODEL, V1, s3_client=backend.client) == METRICS
@@ -143,6 +144,24 @@ def test_publish_writes_every_object_and_the_manifest_before_the_pointer(backend
     fetched = fetch_published_file(backend.uri, MODEL, V1, "dictionary/summary.json", tmp_path / "out" / "summary.json",
                                    s3_client=backend.client)
     assert fetched.read_bytes() == files["dictionary/summary.json"].read_bytes()
+
+
+def test_a_new_version_reads_each_file_once_hashing_it_as_it_is_uploaded(backend, tmp_path, monkeypatch):
+    """A model of many GB is read once to publish it, not hashed and then read again to upload; a retry after the
+    commit hashes the files (uploads nothing) to check they are the committed ones."""
+    files = model_files(tmp_path / "model", seed=-1)
+
+    def no_second_pass(path):
+        raise AssertionError(f"{path} hashed apart from its upload")
+
+    monkeypatch.setattr(publish_module, "file_sha256", no_second_pass)
+    publish_model(backend.uri, MODEL, V1, files, METRICS, LINEAGE, s3_client=backend.client)
+    manifest = json.loads(backend.store().get_bytes(f"{MODEL}/versions/{V1}/_MANIFEST.json"))
+    assert {name: manifest["files"][name] for name in files} == {
+        name: {"bytes": path.stat().st_size, "sha256": file_sha256(path)} for name, path in files.items()}
+
+    with pytest.raises(AssertionError, match="hashed apart from its upload"):
+        publish_model(backend.uri, MODEL, V1, files, METRICS, LINEAGE, s3_client=backend.client)
 
 
 def test_republishing_the_same_version_is_a_cached_no_op(backend, tmp_path, recorded_writes):
@@ -353,13 +372,15 @@ def test_s3_compare_and_swap_is_enforced_by_the_server(s3_server, s3_bucket):
 def test_s3_put_file_goes_multipart_above_the_threshold(s3_server, s3_bucket, tmp_path):
     client = s3_server.client()
     store = open_store(f"s3://{s3_bucket}/mp", client, multipart_threshold=5 << 20)
-    big, small = tmp_path / "big.bin", tmp_path / "small.bin"
-    big.write_bytes(os.urandom(6 << 20))
+    big, small, empty = tmp_path / "big.bin", tmp_path / "small.bin", tmp_path / "empty.bin"
+    big.write_bytes(os.urandom(11 << 20))
     small.write_bytes(os.urandom(1 << 20))
-    store.put_file(big, "v/big.bin")
-    store.put_file(small, "v/small.bin")
-    assert client.head_object(Bucket=s3_bucket, Key="mp/v/big.bin")["ETag"].strip('"').endswith("-2")
+    empty.write_bytes(b"")
+    for path in (big, small, empty):  # each described by what was uploaded, hashed as it was read
+        assert store.put_file(path, f"v/{path.name}") == {"bytes": path.stat().st_size, "sha256": file_sha256(path)}
+    assert client.head_object(Bucket=s3_bucket, Key="mp/v/big.bin")["ETag"].strip('"').endswith("-3")
     assert "-" not in client.head_object(Bucket=s3_bucket, Key="mp/v/small.bin")["ETag"]
+    assert client.head_object(Bucket=s3_bucket, Key="mp/v/empty.bin")["ContentLength"] == 0
     assert store.download_file("v/big.bin", tmp_path / "back.bin").read_bytes() == big.read_bytes()
     with pytest.raises(FileNotFoundError, match="does not exist"):
         store.download_file("v/none.bin", tmp_path / "none.bin")

@@ -15,6 +15,7 @@ from __future__ import annotations
 import abc
 import contextlib
 import fcntl
+import hashlib
 import logging
 import os
 import shutil
@@ -72,6 +73,31 @@ class ObjectTooLarge(ValueError):
     """An object larger than what reads it expects (a manifest's entry, a small object's cap): not read."""
 
 
+class _DigestingReader:
+    """A file read once, front to back, hashing what is read: the digest is of exactly the bytes handed on.
+
+    Not seekable on purpose: boto3 then reads it in order from one thread (s3transfer's non-seekable path buffers
+    each part in memory and retries from that buffer), never twice and never out of order.
+    """
+
+    def __init__(self, file) -> None:
+        self._file = file
+        self._sha256 = hashlib.sha256()
+        self.bytes = 0
+
+    def read(self, amount: int = -1) -> bytes:
+        data = self._file.read(amount)
+        self._sha256.update(data)
+        self.bytes += len(data)
+        return data
+
+    def seekable(self) -> bool:
+        return False
+
+    def description(self) -> dict[str, int | str]:
+        return {"bytes": self.bytes, "sha256": self._sha256.hexdigest()}
+
+
 class ArtifactStore(abc.ABC):
     """A flat key → bytes store with atomic writes and compare-and-swap."""
 
@@ -82,7 +108,9 @@ class ArtifactStore(abc.ABC):
         return f"{self.uri.rstrip('/')}/{validate_key(key)}"
 
     @abc.abstractmethod
-    def put_file(self, local_path: Path, key: str) -> None: ...
+    def put_file(self, local_path: Path, key: str) -> dict[str, int | str]:
+        """Upload a file, reading it once; returns {'bytes', 'sha256'} of what was uploaded (hashed as it was read,
+        so a publisher needs no second pass over a model of many GB to describe it)."""
 
     @abc.abstractmethod
     def put_bytes(self, key: str, data: bytes) -> None: ...
@@ -126,9 +154,11 @@ class LocalStore(ArtifactStore):
     def _path(self, key: str) -> Path:
         return self.root / validate_key(key)
 
-    def put_file(self, local_path: Path, key: str) -> None:
+    def put_file(self, local_path: Path, key: str) -> dict[str, int | str]:
         with open(local_path, "rb") as src, atomic_file(self._path(key)) as dst:
-            shutil.copyfileobj(src, dst, _COPY_CHUNK)
+            reader = _DigestingReader(src)
+            shutil.copyfileobj(reader, dst, _COPY_CHUNK)
+        return reader.description()
 
     def put_bytes(self, key: str, data: bytes) -> None:
         with atomic_file(self._path(key)) as dst:
@@ -219,9 +249,12 @@ class S3Store(ArtifactStore):
         chunk = max(self.multipart_threshold, _MIN_PART_BYTES)
         return TransferConfig(multipart_threshold=self.multipart_threshold, multipart_chunksize=chunk)
 
-    def put_file(self, local_path: Path, key: str) -> None:
-        # upload_file completes a multipart upload only when every part arrived, so the object appears whole.
-        self.client.upload_file(str(local_path), self.bucket, self._key(key), Config=self._transfer_config())
+    def put_file(self, local_path: Path, key: str) -> dict[str, int | str]:
+        # A multipart upload completes only when every part arrived, so the object appears whole.
+        with open(local_path, "rb") as src:
+            reader = _DigestingReader(src)
+            self.client.upload_fileobj(reader, self.bucket, self._key(key), Config=self._transfer_config())
+        return reader.description()
 
     def put_bytes(self, key: str, data: bytes) -> None:
         self.client.put_object(Bucket=self.bucket, Key=self._key(key), Body=data)

@@ -185,17 +185,23 @@ def _check_same_content(existing: dict[str, Any], planned: dict[str, dict[str, A
                               "versions are immutable, publish a new version")
 
 
-def _upload_version(store: ArtifactStore, prefix: str, files: dict[str, Path], extra: dict[str, bytes]) -> None:
-    """Upload the caller's files, then metrics.json and lineage.json (the manifest comes after, elsewhere)."""
+def _upload_version(store: ArtifactStore, prefix: str, files: dict[str, Path],
+                    extra: dict[str, bytes]) -> dict[str, dict[str, Any]]:
+    """Upload the caller's files, then metrics.json and lineage.json (the manifest comes after, elsewhere); returns
+    the manifest's entries, each file described by the bytes that were uploaded (hashed as they were read: one pass
+    over a model of many GB, not a hash pass and then an upload pass)."""
     total = len(files) + len(extra)
+    uploaded: dict[str, dict[str, Any]] = {}
     for done, (name, path) in enumerate(files.items(), start=1):
-        size, started = path.stat().st_size, time.monotonic()
-        store.put_file(path, prefix + name)
-        seconds = max(time.monotonic() - started, 1e-6)
+        started = time.monotonic()
+        uploaded[name] = store.put_file(path, prefix + name)
+        seconds, mib = max(time.monotonic() - started, 1e-6), uploaded[name]["bytes"] / 2**20
         log.info("uploaded %s (%.1f MiB) in %.1f s, %.1f MiB/s (%d/%d objects)",
-                 store.url_for(prefix + name), size / 2**20, seconds, size / 2**20 / seconds, done, total)
+                 store.url_for(prefix + name), mib, seconds, mib / seconds, done, total)
     for name, data in extra.items():
         store.put_bytes(prefix + name, data)
+        uploaded[name] = _describe_bytes(data)
+    return uploaded
 
 
 def publish_model(store_uri: str, model_name: str, version: str, files: dict[str, Path], metrics: dict,
@@ -220,17 +226,18 @@ def publish_model(store_uri: str, model_name: str, version: str, files: dict[str
         if not path.is_file():
             raise FileNotFoundError(f"file {name!r} to publish does not exist: {path}")
     extra = {METRICS_NAME: _json_bytes(metrics), LINEAGE_NAME: _json_bytes(lineage)}
-    planned = {name: {"bytes": p.stat().st_size, "sha256": file_sha256(p)} for name, p in files.items()}
-    planned |= {name: _describe_bytes(data) for name, data in extra.items()}
     where = f"{model_name} version {version} at {store.url_for(prefix + MANIFEST_NAME)}"
 
     cached = (existing := _read_manifest_bytes(store, model_name, version)) is not None
     if cached:
+        # A retry after the commit: the files are hashed (not uploaded) to check they are the committed ones.
+        planned = {name: {"bytes": p.stat().st_size, "sha256": file_sha256(p)} for name, p in files.items()}
+        planned |= {name: _describe_bytes(data) for name, data in extra.items()}
         _check_same_content(existing[0], planned, where)
         digest = existing[1]
         log.info("%s is already published with the same content: nothing uploaded", where)
     else:
-        _upload_version(store, prefix, files, extra)
+        planned = _upload_version(store, prefix, files, extra)
         manifest = Manifest(kind="published_model", inputs={"model_name": model_name, "version": version},
                             files=planned, created_at=datetime.now(timezone.utc).isoformat(timespec="seconds"))
         raw = manifest.to_json().encode()
