@@ -3,6 +3,7 @@ idempotency, immutability, invisibility of uncommitted versions, racing publishe
 
 from __future__ import annotations
 
+import hashlib
 import json
 import multiprocessing
 import os
@@ -151,17 +152,21 @@ def test_a_new_version_reads_each_file_once_hashing_it_as_it_is_uploaded(backend
     commit hashes the files (uploads nothing) to check they are the committed ones."""
     files = model_files(tmp_path / "model", seed=-1)
 
-    def no_second_pass(path):
-        raise AssertionError(f"{path} hashed apart from its upload")
+    hashed: list[Path] = []
 
-    monkeypatch.setattr(publish_module, "file_sha256", no_second_pass)
+    def counting_sha256(path):
+        hashed.append(Path(path))
+        return file_sha256(path)
+
+    monkeypatch.setattr(publish_module, "file_sha256", counting_sha256)
     publish_model(backend.uri, MODEL, V1, files, METRICS, LINEAGE, s3_client=backend.client)
+    assert hashed == []  # no pass over the files apart from their upload
     manifest = json.loads(backend.store().get_bytes(f"{MODEL}/versions/{V1}/_MANIFEST.json"))
     assert {name: manifest["files"][name] for name in files} == {
         name: {"bytes": path.stat().st_size, "sha256": file_sha256(path)} for name, path in files.items()}
 
-    with pytest.raises(AssertionError, match="hashed apart from its upload"):
-        publish_model(backend.uri, MODEL, V1, files, METRICS, LINEAGE, s3_client=backend.client)
+    again = publish_model(backend.uri, MODEL, V1, files, METRICS, LINEAGE, s3_client=backend.client)
+    assert again.cached and sorted(hashed) == sorted(files.values())
 
 
 def test_republishing_the_same_version_is_a_cached_no_op(backend, tmp_path, recorded_writes):
@@ -331,6 +336,42 @@ class RacingStore(RecordingStore):
         return super().compare_and_swap(key, data, expected)
 
 
+class ManifestRacingStore(RecordingStore):
+    """Just before our manifest's CAS, another publisher of the same version commits its own manifest: ours with a
+    later created_at (same content), or naming a different checkpoint (`differ`)."""
+
+    def __init__(self, inner: ArtifactStore, writes, differ: bool) -> None:
+        super().__init__(inner, writes)
+        self.differ = differ
+
+    def compare_and_swap(self, key, data, expected):
+        if key.endswith("/_MANIFEST.json") and expected is None:
+            theirs = json.loads(data) | {"created_at": "2099-01-01T00:00:00+00:00"}
+            if self.differ:
+                theirs["files"]["checkpoint.pt"]["sha256"] = "0" * 64
+            self.inner.compare_and_swap(key, json.dumps(theirs).encode(), None)
+        return super().compare_and_swap(key, data, expected)
+
+
+@pytest.mark.parametrize("differ", [False, True])
+def test_a_publisher_that_loses_the_commit_compares_what_it_uploaded_with_the_winners(backend, tmp_path, monkeypatch,
+                                                                                     differ):
+    """The files are described by what was uploaded, hashed as it was read: the winner's manifest of the same content
+    is taken as ours (cached), one of other content is a conflict."""
+    real_open = publish_module.open_store
+    monkeypatch.setattr(publish_module, "open_store",
+                        lambda *a, **k: ManifestRacingStore(real_open(*a, **k), [], differ))
+    files = model_files(tmp_path / "a")
+    if differ:
+        with pytest.raises(VersionConflict, match=r"different content \(checkpoint.pt\)"):
+            publish_model(backend.uri, MODEL, V1, files, METRICS, LINEAGE, s3_client=backend.client)
+        return
+    result = publish_model(backend.uri, MODEL, V1, files, METRICS, LINEAGE, s3_client=backend.client)
+    committed = backend.store().get_bytes(f"{MODEL}/versions/{V1}/_MANIFEST.json")
+    assert result.cached and json.loads(committed)["created_at"].startswith("2099")
+    assert result.manifest_sha256 == hashlib.sha256(committed).hexdigest()
+
+
 @pytest.mark.parametrize("rival, ours_wins", [("20260101T000000Z-older", True), ("20991231T000000Z-newer", False)])
 def test_a_lost_pointer_race_re_reads_and_only_moves_forward(backend, tmp_path, monkeypatch, rival, ours_wins):
     writes: list[tuple[str, str]] = []
@@ -372,16 +413,21 @@ def test_s3_compare_and_swap_is_enforced_by_the_server(s3_server, s3_bucket):
 def test_s3_put_file_goes_multipart_above_the_threshold(s3_server, s3_bucket, tmp_path):
     client = s3_server.client()
     store = open_store(f"s3://{s3_bucket}/mp", client, multipart_threshold=5 << 20)
-    big, small, empty = tmp_path / "big.bin", tmp_path / "small.bin", tmp_path / "empty.bin"
+    big, parts, small, empty = (tmp_path / f"{name}.bin" for name in ("big", "parts", "small", "empty"))
     big.write_bytes(os.urandom(11 << 20))
+    parts.write_bytes(os.urandom(10 << 20))  # exactly two parts
     small.write_bytes(os.urandom(1 << 20))
     empty.write_bytes(b"")
-    for path in (big, small, empty):  # each described by what was uploaded, hashed as it was read
+    for path in (big, parts, small, empty):  # each described by what was uploaded, hashed as it was read
         assert store.put_file(path, f"v/{path.name}") == {"bytes": path.stat().st_size, "sha256": file_sha256(path)}
     assert client.head_object(Bucket=s3_bucket, Key="mp/v/big.bin")["ETag"].strip('"').endswith("-3")
+    assert client.head_object(Bucket=s3_bucket, Key="mp/v/parts.bin")["ETag"].strip('"').endswith("-2")
     assert "-" not in client.head_object(Bucket=s3_bucket, Key="mp/v/small.bin")["ETag"]
     assert client.head_object(Bucket=s3_bucket, Key="mp/v/empty.bin")["ContentLength"] == 0
     assert store.download_file("v/big.bin", tmp_path / "back.bin").read_bytes() == big.read_bytes()
+    # boto3 cannot size a non-seekable reader's parts: a file that 5 MiB parts would cut into more than S3's 10,000
+    # gets larger ones (here 100 GiB: 10,486 parts of 5 MiB)
+    assert store._transfer_config(100 << 30).multipart_chunksize * 10_000 >= 100 << 30
     with pytest.raises(FileNotFoundError, match="does not exist"):
         store.download_file("v/none.bin", tmp_path / "none.bin")
 

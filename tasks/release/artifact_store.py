@@ -32,6 +32,7 @@ log = logging.getLogger(__name__)
 DEFAULT_MULTIPART_THRESHOLD = 64 << 20
 # S3 rejects multipart parts below 5 MiB (except the last), so chunks never go smaller.
 _MIN_PART_BYTES = 5 << 20
+_MAX_PARTS = 10_000  # S3's most parts in one multipart upload
 _COPY_CHUNK = 8 << 20
 # Names the local backend uses for its own bookkeeping (its atomic writes' temporaries and locks): keys may not use
 # them, listings hide them.
@@ -242,18 +243,26 @@ class S3Store(ArtifactStore):
         validate_key(key)
         return f"{self.prefix}/{key}" if self.prefix else key
 
-    def _transfer_config(self):
+    def _transfer_config(self, size: int = 0):
         from boto3.s3.transfer import TransferConfig
 
-        # Chunk = threshold (at least S3's minimum part), so a file just above the threshold goes as 2 parts.
-        chunk = max(self.multipart_threshold, _MIN_PART_BYTES)
-        return TransferConfig(multipart_threshold=self.multipart_threshold, multipart_chunksize=chunk)
+        # Chunk = threshold (at least S3's minimum part), so a file just above the threshold goes as 2 parts; larger
+        # where `size` would need more than S3's 10,000 parts (boto3 cannot adjust it for a non-seekable reader).
+        chunk = max(self.multipart_threshold, _MIN_PART_BYTES, -(-size // _MAX_PARTS))
+        # "classic": s3transfer, whose reading of put_file's reader is what the digest relies on (boto3 would pick
+        # its CRT client, which has its own part sizes, on some instance types where awscrt is installed).
+        return TransferConfig(multipart_threshold=self.multipart_threshold, multipart_chunksize=chunk,
+                              preferred_transfer_client="classic")
 
     def put_file(self, local_path: Path, key: str) -> dict[str, int | str]:
-        # A multipart upload completes only when every part arrived, so the object appears whole.
+        # A multipart upload completes only when every part arrived, so the object appears whole. The reader is not
+        # seekable: boto3 holds the parts it sends in memory, at most ~11 (10 in flight, s3transfer's
+        # max_in_memory_upload_chunks, and the one read next): ~700 MiB at the default 64 MiB threshold.
+        s3_key = self._key(key)
         with open(local_path, "rb") as src:
             reader = _DigestingReader(src)
-            self.client.upload_fileobj(reader, self.bucket, self._key(key), Config=self._transfer_config())
+            config = self._transfer_config(os.fstat(src.fileno()).st_size)
+            self.client.upload_fileobj(reader, self.bucket, s3_key, Config=config)
         return reader.description()
 
     def put_bytes(self, key: str, data: bytes) -> None:
