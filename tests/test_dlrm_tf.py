@@ -154,6 +154,32 @@ def test_stopped_run_resumes_from_its_checkpoint_to_the_same_weights(straight_ru
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=0, atol=1e-6, err_msg=a.path)
 
 
+def test_loading_draws_no_table_and_takes_every_weight_from_the_file(tmp_path: Path, monkeypatch) -> None:
+    """evaluate and export overwrite every table they load: drawing them first (about a minute on a CPU at Criteo
+    1TB size) is skipped, and a file that lacks a table is refused, never served with zero tables."""
+    import keras
+
+    from models.dlrm_tf import evaluate
+    from models.dlrm_tf.model import DlrmTfModelConfig, build_model
+
+    saved = build_model(DlrmTfModelConfig(2, [40, 25, 300], [8, 4], [8, 1]))
+    path = evaluate.save_model(tmp_path, saved, {}, step=1)
+
+    def no_draw(*args, **kwargs):
+        raise AssertionError("a table was drawn only to be overwritten")
+
+    monkeypatch.setattr(keras.initializers.RandomUniform, "__call__", no_draw)
+    loaded = evaluate.load_model(path)
+    for a, b in zip(loaded.variables, saved.variables, strict=True):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b), err_msg=a.path)
+
+    document = json.loads((tmp_path / "model_config.json").read_text())
+    document["model"]["categorical_cardinalities"].append(7)  # a fourth table the weights file does not hold
+    (tmp_path / "model_config.json").write_text(json.dumps(document))
+    with pytest.raises(ValueError, match="embedding_3"):
+        evaluate.load_model(path)
+
+
 HOST_PLACEMENT_SCRIPT = textwrap.dedent("""
     import json, tensorflow as tf
     cpu = tf.config.list_physical_devices("CPU")[0]

@@ -13,6 +13,7 @@ import argparse
 import json
 import time
 from dataclasses import asdict
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +29,8 @@ from tasks.core.progress import RankLog
 from tasks.formats.feature_spec import FeatureSpec
 
 ARCHITECTURE = "dlrm_tf"
-MODEL_FILES = KerasModelFiles(ARCHITECTURE, "DLRM (TensorFlow 2)", build_model)
+# Loading overwrites every table: they are built as zeros, not drawn (load_weights refuses a file that lacks one).
+MODEL_FILES = KerasModelFiles(ARCHITECTURE, "DLRM (TensorFlow 2)", partial(build_model, init_tables=False))
 
 
 def save_model(out_dir: Path, model: DlrmTf, train_config: dict[str, Any], step: int) -> Path:

@@ -117,16 +117,20 @@ def host_placement() -> Iterator[None]:
 
 
 class EmbeddingTable(keras.layers.Layer):
-    """One categorical feature's [rows, dim] table (NVIDIA's uniform init), looked up with tf.gather."""
+    """One categorical feature's [rows, dim] table (NVIDIA's uniform init), looked up with tf.gather.
 
-    def __init__(self, rows: int, dim: int, on_host: bool, hash_indices: bool, **kwargs: Any) -> None:
+    init=False: zeros instead, for a table the caller is about to overwrite with saved weights (drawing 16.7 GB of
+    uniform numbers at Criteo 1TB size costs about a minute on a CPU; zeros cost a memset)."""
+
+    def __init__(self, rows: int, dim: int, on_host: bool, hash_indices: bool, init: bool = True,
+                 **kwargs: Any) -> None:
         # autocast off, as Keras' own Embedding: under a mixed policy reading the variable would cast the whole table
         super().__init__(autocast=False, **kwargs)
         self.rows, self.dim, self.on_host, self.hash_indices = rows, dim, on_host, hash_indices
         bound = math.sqrt(1.0 / rows)
+        initializer = keras.initializers.RandomUniform(-bound, bound) if init else "zeros"
         with host_placement() if on_host else contextlib.nullcontext():
-            self.table = self.add_weight(shape=(rows, dim), dtype="float32", name="table",
-                                         initializer=keras.initializers.RandomUniform(-bound, bound))
+            self.table = self.add_weight(shape=(rows, dim), dtype="float32", name="table", initializer=initializer)
 
     def call(self, ids: tf.Tensor) -> tf.Tensor:
         if self.hash_indices:
@@ -176,9 +180,10 @@ class DlrmTf(keras.Model):
     """call((numerical float [b, n_num], categorical int32 [b, n_cat])) -> logits float32 [b].
 
     Every variable is created in the constructor (in whatever strategy scope is active), none on the first call.
+    init_tables=False: the tables are zeros, for a model whose saved weights are loaded next.
     """
 
-    def __init__(self, config: DlrmTfModelConfig, **kwargs: Any) -> None:
+    def __init__(self, config: DlrmTfModelConfig, init_tables: bool = True, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.config = config
         dim, n_cat = config.embedding_dim, len(config.categorical_cardinalities)
@@ -188,7 +193,8 @@ class DlrmTf(keras.Model):
             self.bottom_mlp.append(_dense(size, "relu", width))
             width = size
         host = set(config.host_tables())
-        self.tables = [EmbeddingTable(rows, dim, i in host, config.hash_indices, name=f"embedding_{i}")
+        self.tables = [EmbeddingTable(rows, dim, i in host, config.hash_indices, init=init_tables,
+                                      name=f"embedding_{i}")
                        for i, rows in enumerate(config.table_sizes())]
         if config.interaction == "dot":
             n = n_cat + 1
@@ -230,8 +236,9 @@ class DlrmTf(keras.Model):
         return tf.cast(tf.squeeze(z, axis=1), tf.float32)
 
 
-def build_model(config: DlrmTfModelConfig | dict[str, Any]) -> DlrmTf:
-    """A model from its config (or model_config.json's "model" entry), every variable created."""
+def build_model(config: DlrmTfModelConfig | dict[str, Any], init_tables: bool = True) -> DlrmTf:
+    """A model from its config (or model_config.json's "model" entry), every variable created (the tables left zero
+    with init_tables=False, for loading saved weights into)."""
     if isinstance(config, dict):
         config = DlrmTfModelConfig.from_dict(config)
-    return DlrmTf(config)
+    return DlrmTf(config, init_tables=init_tables)

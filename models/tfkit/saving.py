@@ -25,7 +25,8 @@ MODEL_CONFIG_FILE = "model_config.json"
 @dataclass(frozen=True)
 class KerasModelFiles:
     """How one architecture saves and loads: its name in model_config.json, the name error messages use for it
-    ("a <title> model is ..."), and `build`, which turns model_config.json's "model" entry into a built model."""
+    ("a <title> model is ..."), and `build`, which turns model_config.json's "model" entry into a built model (whose
+    weights loading then overwrites: it need not draw initial values)."""
 
     architecture: str
     title: str
