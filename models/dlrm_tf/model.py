@@ -120,7 +120,7 @@ class EmbeddingTable(keras.layers.Layer):
     """One categorical feature's [rows, dim] table (NVIDIA's uniform init), looked up with tf.gather.
 
     init=False: zeros instead, for a table the caller is about to overwrite with saved weights (drawing 16.7 GB of
-    uniform numbers at Criteo 1TB size costs about a minute on a CPU; zeros cost a memset)."""
+    uniform numbers at Criteo 1TB size costs ~45 s on 2 CPU cores; zeros cost a memset)."""
 
     def __init__(self, rows: int, dim: int, on_host: bool, hash_indices: bool, init: bool = True,
                  **kwargs: Any) -> None:
