@@ -218,7 +218,8 @@ def transform_main(args: argparse.Namespace) -> dict:
                      seconds, n / max(seconds, 1e-9), index + 1, len(args.inputs), eta // 60, eta % 60)
         write_manifest(tmp, Manifest(kind="criteo_nvt_encoded", inputs=json.loads(args.inputs_json), rows=rows,
                                      extra={"engine": ENGINE, "nvtabular": nvt.__version__, "device": args.device,
-                                            "workflow": str(args.workflow), "inputs": list(args.inputs)}))
+                                            "workflow": str(args.workflow), "inputs": list(args.inputs)}),
+                       checksum=False)  # sizes only: docs/ARCHITECTURE.md "Manifests"
     total = sum(rows.values())
     seconds = time.monotonic() - started
     log.info("nvtabular transform: %d rows in %.1f s (%.0f rows/s)", total, seconds, total / max(seconds, 1e-9))

@@ -438,7 +438,8 @@ def main(argv: Sequence[str]) -> TranscodeResult:
         rows = {m: c.rows for m, c in counts.items()}
         write_manifest(tmp, Manifest(kind="byo_transcode", inputs=json.loads(args.inputs_json), rows=rows,
                                      extra={"cardinalities": cardinalities, "dropped": dropped, "lines": lines,
-                                            "features": renamed_features(spec), "engine": "arrow"}))
+                                            "features": renamed_features(spec), "engine": "arrow"}),
+                       checksum=False)  # sizes only: docs/ARCHITECTURE.md "Manifests"
     seconds = time.monotonic() - started
     log.info("dataset %s: %s rows in %.2f s (%.0f CSV rows/s, arrow engine, %s)", args.output, rows, seconds,
              sum(lines.values()) / max(seconds, 1e-9), "one pass" if one_pass else "spilled for auto cardinalities")

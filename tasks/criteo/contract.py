@@ -119,7 +119,7 @@ def record_transform(directory: Path, args: argparse.Namespace, rows: dict[str, 
                         extra={"cardinalities": cardinalities, "seed": args.seed, "split_row_order": split,
                                "joins": joins, "train_days": list(args.train_days), "test_day": args.test_day,
                                **extra})
-    write_manifest(directory, manifest)
+    write_manifest(directory, manifest, checksum=False)  # sizes only: docs/ARCHITECTURE.md "Manifests"
 
 
 def load_cardinalities(dictionary_dir: Path) -> list[int]:
