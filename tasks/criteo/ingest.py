@@ -85,9 +85,11 @@ def day_stats_engine(engine: str | None, spark_master: str | None = "local[*]", 
                                     spark_master, spark_profile)
 
 
-def stats_inputs(validation_fingerprint: str, raw: Path) -> dict[str, Any]:
-    """What identifies a day's stats (either engine): the validation they follow and the raw file they were read from."""
-    return {"validated": validation_fingerprint, "raw": raw_identity(raw), "version": DAY_STATS_VERSION}
+def stats_inputs(validation_fingerprint: str, raw: Path | dict[str, Any]) -> dict[str, Any]:
+    """What identifies a day's stats (either engine): the validation they follow and the raw file they were read from
+    (its path, or its raw_identity when the caller has it: a raw day no sidecar vouches for is hashed whole)."""
+    identity = raw if isinstance(raw, dict) else raw_identity(raw)
+    return {"validated": validation_fingerprint, "raw": identity, "version": DAY_STATS_VERSION}
 
 
 def validate_day(settings: Settings, day: int, *, bad_row_budget: float | None = None,
@@ -111,7 +113,7 @@ def validate_day(settings: Settings, day: int, *, bad_row_budget: float | None =
         stats = None
         if engine == "arrow":
             target = StatsTarget(layout.stats_day(settings.data_root, day), day,
-                                 stats_inputs(fingerprint(inputs), raw))
+                                 stats_inputs(fingerprint(inputs), inputs["raw"]))
             stats = None if completed_manifest(target.path, target.inputs) else target
         summary = validate_raw_file(raw, out, inputs=inputs, budget=budget,
                                     block_bytes=settings.validation_block_bytes, stats=stats)
