@@ -27,6 +27,7 @@ from tasks.byo.synthetic import write_csvs
 from tasks.byo.transcode_arrow import LineReader, _exact_parse, _fast_parse
 from tasks.byo.validation import validate_csvs
 from tasks.core.storage import read_manifest
+from tasks.formats.split_binary import CHECKED_AT_WRITE
 from tasks.core.validation import line_bounds
 from tests.test_byo import small_csv_spec
 
@@ -211,8 +212,9 @@ def test_arrow_engine_writes_sparks_bytes(engines):
     assert [name for name in spark_files if arrow_files[name] != spark_files[name]] == []
     ours, theirs = read_manifest(arrow_out), read_manifest(spark_out)
     assert ours["extra"]["engine"] == "arrow"
-    for key in ("cardinalities", "dropped", "lines", "features"):
+    for key in ("cardinalities", "dropped", "lines", "features", CHECKED_AT_WRITE):
         assert ours["extra"][key] == theirs["extra"][key], key
+    assert ours["extra"][CHECKED_AT_WRITE] is True  # both wrote through write_dataset: validate_dataset scans neither
     assert ours["rows"] == theirs["rows"]
     assert ours["extra"]["dropped"] == validated["bad_rows"]
     if kind == "mixed":

@@ -25,7 +25,7 @@ from tasks.criteo.ingest import StepInputMissing
 from tasks.criteo.schema import CAT_COLUMNS, INT_COLUMNS, LABEL
 from tasks.formats.feature_spec import FeatureSpec
 from tests.split_binary_rows import read_rows as read_split_binary
-from tasks.core.storage import Manifest, read_manifest, write_manifest
+from tasks.core.storage import MANIFEST_NAME, Manifest, read_manifest, write_manifest
 from tests.job_logging import root_logging_kept
 
 
@@ -332,6 +332,37 @@ def test_validate_dataset_names_the_bad_file(dataset, tmp_path):
     (broken / "validation" / "cat_0.bin").write_bytes(b"\x00" * 2)
     with pytest.raises(criteo_preprocess.DatasetInvalid, match=r"validation/cat_0.bin: 2 rows but"):
         criteo_preprocess.validate_dataset(broken)
+
+
+def test_validate_dataset_reads_no_value_the_writer_checked_and_scans_a_dataset_it_did_not(dataset, tmp_path,
+                                                                                            monkeypatch):
+    """The transform's writer checked every value as it wrote it (its manifest says so): validate_dataset checks the
+    spec, sizes and rows without reading the data again (~390 GB at full size). A dataset whose manifest does not
+    say so (written before, or by hand) is scanned, and a bad id is named by file and row."""
+    import shutil
+
+    from tasks.formats import split_binary
+    from tasks.formats.split_binary import CHECKED_AT_WRITE
+
+    real_scan = split_binary._scan_file
+    scanned: list[str] = []
+    monkeypatch.setattr(split_binary, "_scan_file", lambda f, *a: scanned.append(f.rel) or real_scan(f, *a))
+    assert read_manifest(dataset)["extra"][CHECKED_AT_WRITE] is True
+    assert criteo_preprocess.validate_dataset(dataset)["rows"] == {"train": 11, "test": 2, "validation": 3}
+    assert scanned == []
+
+    unvouched = tmp_path / "unvouched"
+    shutil.copytree(dataset, unvouched)
+    manifest = read_manifest(unvouched)
+    del manifest["extra"][CHECKED_AT_WRITE]
+    (unvouched / MANIFEST_NAME).write_text(json.dumps(manifest))
+    assert criteo_preprocess.validate_dataset(unvouched)["rows"] == {"train": 11, "test": 2, "validation": 3}
+    assert "train/cat_0.bin" in scanned and "validation/label.bin" in scanned
+    ids = np.fromfile(unvouched / "test" / "cat_0.bin", dtype=np.int8)  # cat_0's cardinality is 4
+    ids[1] = 9
+    ids.tofile(unvouched / "test" / "cat_0.bin")
+    with pytest.raises(criteo_preprocess.DatasetInvalid, match=r"test/cat_0.bin row 1: id 9 >= cardinality 4"):
+        criteo_preprocess.validate_dataset(unvouched)
 
 
 # ---- task functions ----------------------------------------------------------------------------------------------

@@ -200,20 +200,22 @@ class DatasetInvalid(ValueError):
 
 
 def validate_dataset(dataset_dir: Path) -> dict[str, Any]:
-    """NVIDIA's FeatureSpec checks + a full scan of train and test (tasks.formats.split_binary.check_dataset),
-    and the rows found equal to the transcode's manifest."""
+    """NVIDIA's FeatureSpec checks + the files' sizes and a full scan of train and test's values
+    (tasks.formats.split_binary.check_dataset; sizes only where the manifest says the writer checked the values), and
+    the rows found equal to the transcode's manifest."""
     from tasks.formats.feature_spec import FEATURE_SPEC_FILE, FeatureSpec, FeatureSpecError
-    from tasks.formats.split_binary import DatasetError, check_dataset
+    from tasks.formats.split_binary import DatasetError, check_dataset, checked_at_write
 
     dataset_dir = Path(dataset_dir)
     if not (dataset_dir / FEATURE_SPEC_FILE).is_file():
         raise StepInputMissing(f"{dataset_dir / FEATURE_SPEC_FILE} is missing: run transcode first")
+    manifest = read_manifest(dataset_dir)
     try:
         spec = FeatureSpec.from_yaml(dataset_dir / FEATURE_SPEC_FILE)
-        summary = check_dataset(spec)
+        summary = check_dataset(spec, scan_values=not checked_at_write(manifest))
     except (FeatureSpecError, DatasetError) as err:
         raise DatasetInvalid(f"dataset {dataset_dir}: {err}") from None
-    recorded = (read_manifest(dataset_dir) or {}).get("rows", {})
+    recorded = (manifest or {}).get("rows", {})
     for mapping, rows in summary.rows.items():
         if recorded.get(mapping) != rows:
             raise DatasetInvalid(f"dataset {dataset_dir}: {mapping} has {rows} rows but its manifest records "

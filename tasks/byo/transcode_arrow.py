@@ -401,7 +401,7 @@ def spilled_batches(directory: Path, rows: int, n_numerical: int, n_categorical:
 
 def main(argv: Sequence[str]) -> TranscodeResult:
     """The transcode job's command line (tasks/byo/contract.py, the Spark job's too), run here."""
-    from tasks.formats.split_binary import write_dataset
+    from tasks.formats.split_binary import CHECKED_AT_WRITE, write_dataset
 
     args = parse_args(argv)
     started = time.monotonic()
@@ -438,7 +438,8 @@ def main(argv: Sequence[str]) -> TranscodeResult:
         rows = {m: c.rows for m, c in counts.items()}
         write_manifest(tmp, Manifest(kind="byo_transcode", inputs=json.loads(args.inputs_json), rows=rows,
                                      extra={"cardinalities": cardinalities, "dropped": dropped, "lines": lines,
-                                            "features": renamed_features(spec), "engine": "arrow"}),
+                                            "features": renamed_features(spec), "engine": "arrow",
+                                            CHECKED_AT_WRITE: True}),
                        checksum=False)  # sizes only: docs/ARCHITECTURE.md "Manifests"
     seconds = time.monotonic() - started
     log.info("dataset %s: %s rows in %.2f s (%.0f CSV rows/s, arrow engine, %s)", args.output, rows, seconds,

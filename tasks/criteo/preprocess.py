@@ -279,12 +279,13 @@ def transform_dataset(settings: Settings, out_dir: Path, dictionary_dir: Path, t
 
 
 def validate_dataset(dataset_dir: Path) -> dict[str, Any]:
-    """NVIDIA's FeatureSpec checks + a full scan of every mapping (tasks.formats.split_binary.check_dataset).
+    """NVIDIA's FeatureSpec checks + the files' sizes and a full scan of every mapping's values
+    (tasks.formats.split_binary.check_dataset); sizes only where the manifest says the writer checked the values.
 
     Also compares the rows found with the rows the transform's manifest recorded, when there is one.
     """
     from tasks.formats.feature_spec import FEATURE_SPEC_FILE, FeatureSpec, FeatureSpecError
-    from tasks.formats.split_binary import DatasetError, check_dataset
+    from tasks.formats.split_binary import DatasetError, check_dataset, checked_at_write
 
     dataset_dir = Path(dataset_dir)
     yaml_path = dataset_dir / FEATURE_SPEC_FILE
@@ -292,13 +293,14 @@ def validate_dataset(dataset_dir: Path) -> dict[str, Any]:
         raise StepInputMissing(f"{yaml_path} is missing: run transform_dataset first")
     mappings = [m for m in ("train", "test", "validation") if (dataset_dir / m).is_dir()]
     started = time.monotonic()
+    manifest = read_manifest(dataset_dir)
     try:
         spec = FeatureSpec.from_yaml(yaml_path)
         spec.check_feature_spec()
-        summary = check_dataset(spec, mappings)
+        summary = check_dataset(spec, mappings, scan_values=not checked_at_write(manifest))
     except (FeatureSpecError, DatasetError) as err:
         raise DatasetInvalid(f"dataset {dataset_dir}: {err}") from None
-    recorded = (read_manifest(dataset_dir) or {}).get("rows", {})
+    recorded = (manifest or {}).get("rows", {})
     for mapping, rows in summary.rows.items():
         if mapping in recorded and recorded[mapping] != rows:
             raise DatasetInvalid(f"dataset {dataset_dir}: {mapping} has {rows} rows but its manifest records "
