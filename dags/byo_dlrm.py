@@ -8,7 +8,8 @@ non-negative integers below a declared cardinality, numericals parse and fit flo
 quarantined within RECFLOW_BAD_ROW_BUDGET, a Great Expectations report kept; one error line naming file, line and
 column otherwise) → `transcode` (arrow on one machine, Spark with a cluster master, the same bytes: NVIDIA's transcode semantics — `auto` cardinality = max id + 1, a
 declared one must cover the ids found, dtypes by cardinality, features renamed num_i / cat_i.bin / label; the
-dataset replaced atomically, never appended to) → `validate_dataset` (NVIDIA's FeatureSpec checks and a full scan)
+dataset replaced atomically, never appended to; every value checked as it is written) → `validate_dataset`
+(NVIDIA's FeatureSpec checks, sizes and rows; a full scan of a dataset whose writer did not check it)
 → `train` (DLRM, torchrun with `nproc` processes; resumes from its last checkpoint on retry) → `evaluate` (ROC AUC,
 logloss on the test mapping) → `gate` (AUC threshold, and no worse than the published model scored on the same
 test rows) → `publish` (weights, both FeatureSpecs, curves, gate record; `latest` moved last).

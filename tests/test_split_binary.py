@@ -250,6 +250,9 @@ def test_writer_rejects_ids_that_do_not_fit_and_counts_rows_across_batches(tmp_p
             writer.write(labels, numerical, [np.ones(4, int), np.array([-2, 1, 1, 1])])
         with pytest.raises(ValueError, match=r"label\.bin row 5: label 2 is not 0 or 1"):
             writer.write(np.array([0, 2, 1, 0]), numerical, np.ones((4, 2), int))
+        # bools viewed from bytes may hold a 2
+        with pytest.raises(ValueError, match=r"label\.bin row 6: label byte 2 is not 0 or 1"):
+            writer.write(np.array([0, 1, 2, 0], np.uint8).view(np.bool_), numerical, np.ones((4, 2), int))
         with pytest.raises(ValueError, match=r"numerical\.bin row 7 column 1: value 1e\+06 is not finite"):
             writer.write(labels, np.array([[0, 0]] * 3 + [[0, 1e6]]), np.ones((4, 2), int))
         with pytest.raises(ValueError, match="ids must be integers"):

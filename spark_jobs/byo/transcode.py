@@ -249,7 +249,7 @@ def main(argv: Sequence[str]) -> TranscodeResult:
             raise RuntimeError(f"wrote {rows} rows but the CSVs hold {expected_rows} good rows")
         manifest = Manifest(kind="byo_transcode", inputs=json.loads(args.inputs_json), rows=rows,
                             extra={"cardinalities": cardinalities, "dropped": dropped, "lines": lines,
-                                   "features": renamed_features(spec), CHECKED_AT_WRITE: True})
+                                   "features": renamed_features(spec), CHECKED_AT_WRITE: list(cardinalities)})
         write_manifest(tmp, manifest, checksum=False)  # sizes only: docs/ARCHITECTURE.md "Manifests"
     seconds = time.monotonic() - started
     total = sum(lines.values())

@@ -212,7 +212,7 @@ def validate_dataset(dataset_dir: Path) -> dict[str, Any]:
     manifest = read_manifest(dataset_dir)
     try:
         spec = FeatureSpec.from_yaml(dataset_dir / FEATURE_SPEC_FILE)
-        summary = check_dataset(spec, scan_values=not checked_at_write(manifest))
+        summary = check_dataset(spec, scan_values=not checked_at_write(manifest, spec))
     except (FeatureSpecError, DatasetError) as err:
         raise DatasetInvalid(f"dataset {dataset_dir}: {err}") from None
     recorded = (manifest or {}).get("rows", {})

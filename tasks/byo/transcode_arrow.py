@@ -439,7 +439,7 @@ def main(argv: Sequence[str]) -> TranscodeResult:
         write_manifest(tmp, Manifest(kind="byo_transcode", inputs=json.loads(args.inputs_json), rows=rows,
                                      extra={"cardinalities": cardinalities, "dropped": dropped, "lines": lines,
                                             "features": renamed_features(spec), "engine": "arrow",
-                                            CHECKED_AT_WRITE: True}),
+                                            CHECKED_AT_WRITE: list(cardinalities)}),
                        checksum=False)  # sizes only: docs/ARCHITECTURE.md "Manifests"
     seconds = time.monotonic() - started
     log.info("dataset %s: %s rows in %.2f s (%.0f CSV rows/s, arrow engine, %s)", args.output, rows, seconds,

@@ -106,7 +106,7 @@ def record_dictionary(directory: Path, args: argparse.Namespace, summary: dict[s
 
 
 def record_transform(directory: Path, args: argparse.Namespace, rows: dict[str, int], test_day_rows: int,
-                     cardinalities: dict[str, int], split: int, joins: dict[str, str], **extra: Any) -> None:
+                     cardinalities: list[int], split: int, joins: dict[str, str], **extra: Any) -> None:
     """A dataset written to `directory`: refused when the train days gave no row or the test day's rows did not split
     in halves into test / validation; else its manifest (`extra`: the engine's own entries)."""
     from tasks.formats.split_binary import CHECKED_AT_WRITE  # here: the module stays importable without numpy
@@ -120,7 +120,7 @@ def record_transform(directory: Path, args: argparse.Namespace, rows: dict[str, 
     manifest = Manifest(kind="criteo_transform", inputs=json.loads(args.inputs_json), rows=rows,
                         extra={"cardinalities": cardinalities, "seed": args.seed, "split_row_order": split,
                                "joins": joins, "train_days": list(args.train_days), "test_day": args.test_day,
-                               CHECKED_AT_WRITE: True,  # every engine writes through write_dataset
+                               CHECKED_AT_WRITE: list(cardinalities),  # every engine writes through write_dataset
                                **extra})
     write_manifest(directory, manifest, checksum=False)  # sizes only: docs/ARCHITECTURE.md "Manifests"
 

@@ -297,7 +297,7 @@ def validate_dataset(dataset_dir: Path) -> dict[str, Any]:
     try:
         spec = FeatureSpec.from_yaml(yaml_path)
         spec.check_feature_spec()
-        summary = check_dataset(spec, mappings, scan_values=not checked_at_write(manifest))
+        summary = check_dataset(spec, mappings, scan_values=not checked_at_write(manifest, spec))
     except (FeatureSpecError, DatasetError) as err:
         raise DatasetInvalid(f"dataset {dataset_dir}: {err}") from None
     recorded = (manifest or {}).get("rows", {})

@@ -36,15 +36,18 @@ from tasks.core.storage import atomic_directory
 
 log = logging.getLogger(__name__)
 
-# A dataset manifest's `extra` entry, set by whoever wrote the dataset through write_dataset: its writer checked every
-# value as it wrote it (labels 0/1, numericals finite as float16, ids in [0, cardinality)), so check_dataset need not
-# read the dataset again to check them (~390 GB for a 24-day Criteo 1TB window).
+# A dataset manifest's `extra` entry, set by whoever wrote the dataset through write_dataset: the cardinalities its
+# writer checked every value against as it wrote it (labels 0/1, numericals finite as float16, ids in
+# [0, cardinality)), so check_dataset need not read the dataset again (hundreds of GB at full size) while the
+# feature spec still says the same.
 CHECKED_AT_WRITE = "values_checked_at_write"
 
 
-def checked_at_write(manifest: Mapping[str, Any] | None) -> bool:
-    """Whether a dataset's manifest says write_dataset's writer checked its values."""
-    return bool(manifest) and (manifest.get("extra") or {}).get(CHECKED_AT_WRITE) is True
+def checked_at_write(manifest: Mapping[str, Any] | None, spec: FeatureSpec) -> bool:
+    """Whether a dataset's manifest says write_dataset's writer checked its values against the cardinalities `spec`
+    declares now (a yaml edited since, e.g. a smaller cardinality, is not vouched for: check_dataset scans)."""
+    checked = ((manifest or {}).get("extra") or {}).get(CHECKED_AT_WRITE)
+    return isinstance(checked, list) and checked == spec.get_categorical_sizes()
 
 LABEL_FILE = "label.bin"
 NUMERICAL_FILE = "numerical.bin"
@@ -150,7 +153,14 @@ class SplitBinaryWriter:
             array = array[:, 0]
         if array.ndim != 1:
             raise ValueError(f"{self.name / LABEL_FILE}: labels must be 1-d, got shape {array.shape}")
-        if array.dtype != np.bool_:
+        if array.dtype == np.bool_:
+            # numpy bools are bytes: one viewed from bytes may hold a 2, which check_dataset's scan would refuse
+            array = np.ascontiguousarray(array)
+            raw = array.view(np.uint8)
+            if raw.size and int(raw.max()) > 1:
+                bad = _first_bad(raw > 1)
+                raise ValueError(f"{self._where(LABEL_FILE, bad)}: label byte {int(raw[bad])} is not 0 or 1")
+        else:
             # astype(bool) would silently turn a 2 (or 0.5) into True; a label is 0 or 1. Integers within [0, 1]
             # are known so by two reductions; anything else is checked value by value.
             array = np.ascontiguousarray(array)

@@ -224,7 +224,8 @@ def _visible(path: Path, root: Path) -> bool:
 
 
 def assert_manifest_verifies(directory: Path) -> dict[str, Any]:
-    """The directory's manifest parses and every file it lists exists with the listed size (and sha256)."""
+    """The directory's manifest parses and every file it lists exists with the listed size (and sha256, where the
+    manifest lists one: those of many-GB outputs list sizes only, docs/ARCHITECTURE.md "Manifests")."""
     manifest = json.loads((directory / MANIFEST_NAME).read_text())
     assert manifest["files"], f"{directory}: manifest lists no files"
     for rel, entry in manifest["files"].items():
@@ -240,9 +241,10 @@ def assert_manifest_verifies(directory: Path) -> dict[str, Any]:
 def assert_nothing_partial_marked_complete(root: Path) -> list[str]:
     """Every completion mark below root vouches only for complete content; returns what was checked.
 
-    Marks: `_MANIFEST.json` (every listed file present with its size and sha256), download sidecars (the file has
-    the recorded size and sha256), publish pointers `latest.json` (name a committed version), checkpoint pointers
-    (name a step file) and step files (load with the safe loader), and JSON outputs written by rename (parse).
+    Marks: `_MANIFEST.json` (every listed file present with its size, and sha256 where listed), download sidecars
+    (the file has the recorded size and sha256), publish pointers `latest.json` (name a committed version),
+    checkpoint pointers (name a step file) and step files (load with the safe loader), and JSON outputs written by
+    rename (parse).
     """
     checked = []
     for path in sorted(root.rglob("*")):

@@ -300,13 +300,30 @@ SPEC_EDITS = [  # id, edit of the parsed feature_spec.yaml, what the error line 
 ]
 
 
+@pytest.mark.parametrize("checked", [False, True], ids=["scanned", "writer-checked"])
 @pytest.mark.parametrize("edit, named", [(c[1], c[2:]) for c in SPEC_EDITS], ids=[c[0] for c in SPEC_EDITS])
-def test_bad_feature_spec_is_named(dataset, edit, named):
+def test_bad_feature_spec_is_named(dataset, edit, named, checked):
+    """Also where the manifest says the writer checked the values (validate_dataset does not scan those): the claim
+    holds for the spec it was written with, so a yaml edited since is checked, and scanned, as any other."""
+    from tasks.core.storage import Manifest, write_manifest
+    from tasks.criteo.preprocess import DatasetInvalid, validate_dataset
+    from tasks.formats.split_binary import CHECKED_AT_WRITE
+
+    if checked:  # the transform's manifest, as record_transform writes it
+        write_manifest(dataset, Manifest(kind="criteo_transform", inputs={}, extra={CHECKED_AT_WRITE: CARDINALITIES},
+                                         rows={"train": 20, "test": 10, "validation": 10}), checksum=False)
     spec_path = dataset / "feature_spec.yaml"
     document = yaml.safe_load(spec_path.read_text())
     edit(document)
     spec_path.write_text(yaml.safe_dump(document))
-    dataset_failure(dataset, *named)
+    if not checked:
+        dataset_failure(dataset, *named)
+        return
+    before = snapshot(dataset)
+    with pytest.raises(DatasetInvalid) as caught:
+        validate_dataset(dataset)
+    assert snapshot(dataset) == before
+    one_line(caught.value, f"dataset {dataset}: ", *named)
 
 
 def test_feature_spec_that_is_not_yaml(dataset):
