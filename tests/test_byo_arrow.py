@@ -27,7 +27,8 @@ from tasks.byo.synthetic import write_csvs
 from tasks.byo.transcode_arrow import LineReader, _exact_parse, _fast_parse
 from tasks.byo.validation import validate_csvs
 from tasks.core.storage import read_manifest
-from tasks.formats.split_binary import CHECKED_AT_WRITE
+from tasks.formats.feature_spec import FeatureSpec
+from tasks.formats.split_binary import CHECKED_AT_WRITE, checked_at_write
 from tasks.core.validation import line_bounds
 from tests.test_byo import small_csv_spec
 
@@ -216,6 +217,7 @@ def test_arrow_engine_writes_sparks_bytes(engines):
         assert ours["extra"][key] == theirs["extra"][key], key
     # both wrote through write_dataset, which checked every value against the cardinalities: not scanned again
     assert ours["extra"][CHECKED_AT_WRITE] == ours["extra"]["cardinalities"]
+    assert checked_at_write(ours, FeatureSpec.from_yaml(arrow_out / "feature_spec.yaml"))
     assert ours["rows"] == theirs["rows"]
     assert ours["extra"]["dropped"] == validated["bad_rows"]
     if kind == "mixed":

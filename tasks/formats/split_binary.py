@@ -44,10 +44,17 @@ CHECKED_AT_WRITE = "values_checked_at_write"
 
 
 def checked_at_write(manifest: Mapping[str, Any] | None, spec: FeatureSpec) -> bool:
-    """Whether a dataset's manifest says write_dataset's writer checked its values against the cardinalities `spec`
-    declares now (a yaml edited since, e.g. a smaller cardinality, is not vouched for: check_dataset scans)."""
+    """Whether a dataset's manifest says write_dataset's writer checked its values, and `spec` is still the feature
+    spec write_dataset wrote with them: a yaml edited since (a smaller cardinality, two files' paths swapped, ...) is
+    not vouched for, and neither is one too broken to compare (check_dataset then scans, or names what is wrong)."""
     checked = ((manifest or {}).get("extra") or {}).get(CHECKED_AT_WRITE)
-    return isinstance(checked, list) and checked == spec.get_categorical_sizes()
+    if not isinstance(checked, list):
+        return False
+    try:
+        written = FeatureSpec.get_default_feature_spec(spec.get_number_of_numerical_features(), checked)
+        return spec.to_dict() == written.to_dict()
+    except (AttributeError, KeyError, TypeError, FeatureSpecError):
+        return False
 
 LABEL_FILE = "label.bin"
 NUMERICAL_FILE = "numerical.bin"

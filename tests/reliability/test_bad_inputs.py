@@ -304,7 +304,8 @@ SPEC_EDITS = [  # id, edit of the parsed feature_spec.yaml, what the error line 
 @pytest.mark.parametrize("edit, named", [(c[1], c[2:]) for c in SPEC_EDITS], ids=[c[0] for c in SPEC_EDITS])
 def test_bad_feature_spec_is_named(dataset, edit, named, checked):
     """Also where the manifest says the writer checked the values (validate_dataset does not scan those): the claim
-    holds for the spec it was written with, so a yaml edited since is checked, and scanned, as any other."""
+    holds for the spec it was written with, so a yaml edited since is checked as any other (the cardinality case is
+    caught by the scan it then gets)."""
     from tasks.core.storage import Manifest, write_manifest
     from tasks.criteo.preprocess import DatasetInvalid, validate_dataset
     from tasks.formats.split_binary import CHECKED_AT_WRITE
@@ -323,6 +324,37 @@ def test_bad_feature_spec_is_named(dataset, edit, named, checked):
     with pytest.raises(DatasetInvalid) as caught:
         validate_dataset(dataset)
     assert snapshot(dataset) == before
+    one_line(caught.value, f"dataset {dataset}: ", *named)
+
+
+def _swap_cat_files(d: dict) -> None:
+    chunks = d["source_spec"]["train"]
+    chunks[2]["files"], chunks[3]["files"] = chunks[3]["files"], chunks[2]["files"]
+
+
+@pytest.mark.parametrize("pipeline", ["criteo", "byo"])
+@pytest.mark.parametrize("edit, named", [
+    (_swap_cat_files, ("train/cat_1.bin row 0: id 6 >= cardinality 5",)),  # same cardinalities, other files
+    (lambda d: d["channel_spec"].pop("categorical"), ("categorical",)),  # too broken to compare with what was written
+], ids=["files-swapped", "no-categorical-channel"])
+def test_a_yaml_edited_after_the_writer_checked_the_values_is_not_vouched_for(dataset, pipeline, edit, named):
+    """The writer's claim covers the feature spec it wrote: a yaml edited since is scanned (or refused) and named in
+    one line by either pipeline's validate_dataset, never trusted and never a bare KeyError."""
+    from tasks.byo import pipeline as byo_pipeline
+    from tasks.core.storage import Manifest, write_manifest
+    from tasks.criteo import preprocess as criteo_preprocess
+    from tasks.formats.split_binary import CHECKED_AT_WRITE
+
+    module = criteo_preprocess if pipeline == "criteo" else byo_pipeline
+    write_manifest(dataset, Manifest(kind="criteo_transform", inputs={}, extra={CHECKED_AT_WRITE: CARDINALITIES},
+                                     rows={"train": 20, "test": 10, "validation": 10}), checksum=False)
+    assert module.validate_dataset(dataset)["rows"]["train"] == 20  # trusted as written
+    spec_path = dataset / "feature_spec.yaml"
+    document = yaml.safe_load(spec_path.read_text())
+    edit(document)
+    spec_path.write_text(yaml.safe_dump(document))
+    with pytest.raises(module.DatasetInvalid) as caught:
+        module.validate_dataset(dataset)
     one_line(caught.value, f"dataset {dataset}: ", *named)
 
 
