@@ -265,6 +265,50 @@ def test_row_order_with_gaps_is_refused(window, by_arrow, tmp_path):
     assert not (tmp_path / "ds").exists()
 
 
+def encoded_days(window: Path, dictionary: Path, out: Path) -> list[str]:
+    """The three days as the nvtabular engine hands them over (ids and log numericals in place), encoded here by the
+    arrow engine's own lookup."""
+    cardinalities = list(json.loads((dictionary / "cardinalities.json").read_text()).values())
+    lookup = preprocess_arrow.DictionaryLookup(dictionary, cardinalities)
+    parts = []
+    for day in (0, 1, 2):
+        table = pq.read_table(stats(window, day, "columnar"))
+        for name in table.column_names:
+            column = table.column(name).combine_chunks()
+            if name in CAT_COLUMNS:
+                column = pa.array(lookup.ids(CAT_COLUMNS.index(name), column).astype(np.int64))
+            elif name.startswith("int_"):
+                column = pa.array(preprocess_arrow.log_numerical(column))
+            table = table.set_column(table.schema.get_field_index(name), name, column)
+        (out / str(day)).mkdir(parents=True)
+        pq.write_table(table, out / str(day) / "part.0.parquet")
+        parts.append(str(out / str(day)))
+    return parts
+
+
+def test_an_encoded_id_past_its_cardinality_is_refused_not_wrapped(window, by_arrow, tmp_path):
+    """Upstream-encoded ids arrive as int64 and are narrowed to the dataset's dtype: an id past the cardinality
+    must fail the transform, not wrap (in int8, id cardinality + 256 would become a valid id)."""
+    parts = encoded_days(window, by_arrow["dictionary"], tmp_path / "encoded")
+    argv = ["--train-days", *parts[:2], "--test-day", parts[2], "--dictionary", str(by_arrow["dictionary"]),
+            "--seed", str(SEED), "--inputs-json", '{"t": 2}']
+    preprocess_arrow.transform_main([*argv, "--output", str(tmp_path / "good")], workers=1, encoded_by="nvtabular")
+    assert dataset_bytes(tmp_path / "good") == dataset_bytes(by_arrow["dataset"])  # the encoding is the engines'
+
+    cardinalities = json.loads((by_arrow["dictionary"] / "cardinalities.json").read_text())
+    name = next(n for n in CAT_COLUMNS if 1 < cardinalities[n] <= 100)  # an int8 column
+    day = pq.read_table(parts[1])
+    ids = day.column(name).to_numpy().copy()
+    ids[17] = cardinalities[name] + 256 - 1  # would wrap to cardinality - 1: a valid id
+    day = day.set_column(day.schema.get_field_index(name), name, pa.array(ids))
+    pq.write_table(day, Path(parts[1]) / "part.0.parquet")
+    with pytest.raises(ValueError, match=rf"{parts[1]}.*: {name} holds id {ids[17]}, outside \[0, "
+                                         rf"{cardinalities[name]}\)"):
+        preprocess_arrow.transform_main([*argv, "--output", str(tmp_path / "bad")], workers=1,
+                                        encoded_by="nvtabular")
+    assert not (tmp_path / "bad").exists()
+
+
 def test_lookup_of_values_that_are_not_hex(tmp_path):
     """Columns (or batches) whose values are not all 8 bytes long take pyarrow's index_in: the same ids."""
     (tmp_path / "dictionary").mkdir()

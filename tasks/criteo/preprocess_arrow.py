@@ -486,6 +486,20 @@ def bucket_of(job: BucketJob, keys: np.ndarray) -> np.ndarray:
     return (unsigned >> np.uint64(64 - job.bucket_bits)).astype(np.int64)
 
 
+def encoded_ids(column: pa.Array, name: str, cardinality: int, where: str) -> np.ndarray:
+    """An upstream-encoded id column, checked inside [0, cardinality) before it is narrowed to the record's dtype: a
+    wider id would wrap silently in the cast (to a valid-looking id that the writer cannot tell from a right one)."""
+    if column.null_count:
+        raise ValueError(f"{where}: {name} has {column.null_count} missing ids; the encoded days must map every "
+                         "value to an id")
+    low, high = (v.as_py() for v in pc.min_max(column).values())
+    if len(column) and not 0 <= low <= high < cardinality:
+        raise ValueError(f"{where}: {name} holds id {low if low < 0 else high}, outside [0, {cardinality}) (the "
+                         "dictionary's cardinality): the encoded days do not match the dictionary; re-run the "
+                         "transform")
+    return column.to_numpy(zero_copy_only=False)
+
+
 def transform_batch(batch: pa.RecordBatch, lookup: DictionaryLookup | None, job: BucketJob,
                     dtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:
     """One parquet batch as packed records grouped by bucket (ascending), and the bucket of each record.
@@ -507,8 +521,9 @@ def transform_batch(batch: pa.RecordBatch, lookup: DictionaryLookup | None, job:
     if lookup is None:  # encoded upstream (the nvtabular engine): float numericals and ids as they are
         records["numerical"] = ordered(np.column_stack([batch.column(name).to_numpy(zero_copy_only=False)
                                                         for name in INT_COLUMNS]))
-        for name in CAT_COLUMNS:
-            records[name] = ordered(batch.column(name).to_numpy(zero_copy_only=False))
+        for index, name in enumerate(CAT_COLUMNS):
+            records[name] = ordered(encoded_ids(batch.column(name), name, job.cardinalities[index],
+                                                f"{job.file} (row groups {job.row_groups})"))
         return records, ordered(buckets)
     numerical = np.empty((batch.num_rows, NUM_INT_FEATURES), dtype=records.dtype["numerical"].base)
     for column, name in enumerate(INT_COLUMNS):
