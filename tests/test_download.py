@@ -300,11 +300,22 @@ def test_changed_destination_is_downloaded_again(http_server, source: bytes, out
 # --- gzip -------------------------------------------------------------------------------------------------------------
 
 
-def test_gz_source_is_decompressed_to_plain_file(http_server, out: Path) -> None:
+def test_gz_source_is_decompressed_to_plain_file_as_it_arrives(http_server, out: Path, monkeypatch) -> None:
+    from tasks.core import download as module
+
     plain = _tsv()
     packed = gzip.compress(plain)
     (http_server.root / "day_0.gz").write_bytes(packed)
+    reads = []
+
+    def spying_open(file, mode="r", *args, **kwargs):
+        if "r" in mode:
+            reads.append(Path(file).name)
+        return open(file, mode, *args, **kwargs)
+
+    monkeypatch.setattr(module, "open", spying_open, raising=False)
     result = download(http_server.url("day_0.gz"), out / "day_0", expected_sha256=_sha(packed), chunk_bytes=CHUNK)
+    assert reads == []  # decompressed while fetched: the .part is written, never read back
     assert (out / "day_0").read_bytes() == plain
     assert (result.bytes, result.source_bytes, result.sha256) == (len(plain), len(packed), _sha(packed))
     assert _leftovers(out) == ["day_0", "day_0.download.json"]
@@ -325,6 +336,87 @@ def test_corrupt_gzip_fails_without_destination(http_server, out: Path) -> None:
     with pytest.raises(DownloadError, match="corrupt or truncated gzip"):
         download(http_server.url("day_0.gz"), out / "day_0", chunk_bytes=CHUNK)
     assert _leftovers(out) == []
+
+
+@pytest.mark.reliability
+def test_gz_interrupted_in_the_call_and_across_retries_decompresses_every_byte_once(http_server, out: Path) -> None:
+    """The decompression runs while the bytes arrive: a resume in the call continues the stream, and a retry that
+    finds a .part feeds its bytes to the decompressor as it re-hashes them."""
+    plain = _payload()
+    packed = gzip.compress(plain, compresslevel=1)  # incompressible: ~300 KB, so the drops fall mid-stream
+    (http_server.root / "day_0.gz").write_bytes(packed)
+    url = http_server.url("day_0.gz")
+    http_server.server.drop_after_bytes = 100_000
+    in_call = download(url, out / "a", expected_sha256=_sha(packed), chunk_bytes=CHUNK)
+    assert 0 < in_call.resumed_from <= 100_000 and (out / "a").read_bytes() == plain
+
+    http_server.server.drop_after_bytes = 150_000
+    with pytest.raises(DownloadError, match="after 0 resume attempts"):
+        download(url, out / "b", chunk_bytes=CHUNK, max_resume_attempts=0)
+    assert not (out / "b").exists() and 0 < (out / "b.part").stat().st_size <= 150_000
+    retried = download(url, out / "b", expected_sha256=_sha(packed), chunk_bytes=CHUNK)
+    assert retried.resumed_from > 0 and (out / "b").read_bytes() == plain
+    assert _leftovers(out) == ["a", "a.download.json", "b", "b.download.json"]
+
+
+def _gunzip_threads() -> list[str]:
+    import threading
+
+    return [t.name for t in threading.enumerate() if t.name.startswith("gunzip")]
+
+
+def test_gz_restarted_from_byte_zero_decompresses_only_the_new_bytes(http_server, out: Path) -> None:
+    """A leftover .part whose bytes are not the source's start (a server that ignores Range answers from 0): the
+    decompression, fed that .part mid-member as it was re-hashed, starts over with the new body."""
+    plain = _tsv()
+    packed = gzip.compress(plain)
+    (http_server.root / "day_0.gz").write_bytes(packed)
+    http_server.server.honour_range = False
+    url = http_server.url("day_0.gz")
+    other = gzip.compress(_payload(), compresslevel=1)  # another valid gzip, cut mid-member
+    _leave_part(out, url, other[: len(other) // 2], etag_of(http_server.root / "day_0.gz"))
+    result = download(url, out / "day_0", expected_sha256=_sha(packed), chunk_bytes=CHUNK)
+    assert result.resumed_from == 0 and (out / "day_0").read_bytes() == plain
+    assert _leftovers(out) == ["day_0", "day_0.download.json"] and _gunzip_threads() == []
+
+
+def test_gz_of_several_members_with_zero_padding_is_decompressed_whole(http_server, out: Path) -> None:
+    members = [_tsv(3000), b"", _payload(200_000)]
+    packed = gzip.compress(members[0]) + gzip.compress(members[1]) + bytes(10) + gzip.compress(members[2]) + bytes(7)
+    (http_server.root / "day_0.gz").write_bytes(packed)
+    download(http_server.url("day_0.gz"), out / "day_0", chunk_bytes=CHUNK)
+    assert (out / "day_0").read_bytes() == b"".join(members)
+
+
+def test_gz_with_the_wrong_checksum_leaves_nothing_running_or_written(http_server, out: Path) -> None:
+    (http_server.root / "day_0.gz").write_bytes(gzip.compress(_payload(), compresslevel=1))
+    with pytest.raises(ChecksumMismatch):
+        download(http_server.url("day_0.gz"), out / "day_0", expected_sha256="0" * 64, chunk_bytes=CHUNK)
+    assert _leftovers(out) == [] and _gunzip_threads() == []
+
+
+def test_gz_whose_decompressed_write_fails_keeps_the_verified_part(http_server, out: Path, monkeypatch) -> None:
+    """A full disk while writing the decompressed bytes is not the source's fault: the verified .part stays, and the
+    retry decompresses it without fetching the body again."""
+    import errno
+
+    from tasks.core import download as module
+
+    plain = _payload()
+    packed = gzip.compress(plain, compresslevel=1)
+    (http_server.root / "day_0.gz").write_bytes(packed)
+
+    def full_disk(self, expanded):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(module._GzipStream, "_emit", full_disk)
+        with pytest.raises(OSError, match="No space left"):
+            download(http_server.url("day_0.gz"), out / "day_0", chunk_bytes=CHUNK)
+    assert _leftovers(out) == ["day_0.part", "day_0.part.json"] and _gunzip_threads() == []
+    result = download(http_server.url("day_0.gz"), out / "day_0", expected_sha256=_sha(packed), chunk_bytes=CHUNK)
+    assert result.resumed_from == len(packed) and (out / "day_0").read_bytes() == plain
+    assert http_server.server.requests[-1] == ("/day_0.gz", f"bytes={len(packed)}-")  # answered 416: no body
 
 
 def test_gz_kept_compressed_when_decompress_false(http_server, out: Path) -> None:

@@ -5,9 +5,11 @@ Bytes go to `<destination>.part`; an interrupted transfer resumes from it with a
 the URL and the source's version (ETag / Last-Modified) the bytes came from: a resume names that version (If-Range),
 so a source that changed meanwhile is fetched whole, and a .part from another URL or of unknown version is discarded,
 never glued to another file's tail. The sha256 covers the SOURCE bytes (what a published checksum refers to). A `.gz`
-source is decompressed into the destination, because Spark cannot split gzip. The destination appears only complete
-(rename); a sidecar `<destination>.download.json`, written after it, lets a retry with the same source return at once
-without touching the network.
+source is decompressed into the destination, because Spark cannot split gzip: while it is fetched, by a thread fed the
+bytes as they are appended to the .part (a resumed .part is fed as it is re-read for its hash), so no second pass
+reads the .part after the transfer. The destination appears only complete and verified (rename); a sidecar
+`<destination>.download.json`, written after it, lets a retry with the same source return at once without touching
+the network.
 
 A local (file://) source that is not decompressed is hard-linked when the caller allows it (`link_local`) and the
 destination is on the same filesystem: one read to hash it instead of a read, a write and an fsync of every byte
@@ -27,20 +29,22 @@ resumes included: a server that trickles a byte a minute fails by the deadline.
 from __future__ import annotations
 
 import contextlib
-import gzip
+import functools
 import hashlib
 import json
 import logging
 import os
+import queue
+import threading
 import time
 import zlib
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 from urllib.parse import urlsplit
 
-from tasks.core.archive import copy_capped
+from tasks.core.archive import ExpansionLimitExceeded
 from tasks.core.config import NotAllowed
 from tasks.core.download_sources import (  # noqa: F401 - errors and the S3 client factory are this module's API too
     ChecksumMismatch, ConnectionNotAllowed, Deadline, DeadlineExceeded, DownloadError, DownloadTooLarge, Opener,
@@ -53,6 +57,8 @@ from tasks.core.storage import atomic_file, write_text_atomic
 log = logging.getLogger(__name__)
 
 _PROGRESS_EVERY_S = 5.0
+_GUNZIP_QUEUE_BYTES = 64 << 20  # fetched bytes waiting for the decompressing thread, at most
+_GUNZIP_PIECE_BYTES = 256 << 10  # what the thread hands zlib at a time (and checks for a stop between)
 
 
 @dataclass
@@ -138,15 +144,18 @@ def download(
             return result
     part_path = destination.with_name(destination.name + ".part")
     open_at = _opener(source, s3_client, chunk_bytes, timeout_s, limits.deadline, allowed_prefixes)
-    part, resumed_from = _fetch_to_part(open_at, source_url, source.shown, part_path, max_resume_attempts, limits)
-    actual = part.digest.hexdigest()
-    if expected and actual != expected:
-        _discard_part(part_path)  # wrong bytes: a retry must start over, not resume them
-        raise ChecksumMismatch(f"sha256 mismatch for {source.shown}: expected {expected}, got {actual}")
+    fetch = functools.partial(_fetch_to_part, open_at, source_url, source.shown, part_path, max_resume_attempts,
+                              limits)
     if decompress:
-        _gunzip(part_path, destination, source.shown, chunk_bytes, limits.max_expanded)
+        with atomic_file(destination) as out, _StreamingGunzip(out, part_path, source.shown, chunk_bytes,
+                                                               limits.max_expanded) as gunzip:
+            part, resumed_from = fetch(gunzip)
+            actual = _verified(part, expected, source.shown)
+            gunzip.finish()
         _discard_part(part_path)
     else:
+        part, resumed_from = fetch(None)
+        actual = _verified(part, expected, source.shown)
         os.replace(part_path, destination)
         _part_record_path(part_path).unlink(missing_ok=True)
     result = DownloadResult(
@@ -197,10 +206,19 @@ def _discard_part(part_path: Path) -> None:
     _part_record_path(part_path).unlink(missing_ok=True)
 
 
-def _existing_part(path: Path, source_url: str, shown: str) -> _Part:
-    """The .part left by an earlier attempt of this very source and version, re-hashed so that the final sha256
-    covers every source byte; an empty part when there is none, or when its record names another URL or no version
-    (its bytes could be another file's: resuming would glue two files together)."""
+def _verified(part: _Part, expected: str | None, shown: str) -> str:
+    """The fetched bytes' sha256, refused (and the .part discarded) when it is not the expected one."""
+    actual = part.digest.hexdigest()
+    if expected and actual != expected:
+        _discard_part(part.path)  # wrong bytes: a retry must start over, not resume them
+        raise ChecksumMismatch(f"sha256 mismatch for {shown}: expected {expected}, got {actual}")
+    return actual
+
+
+def _existing_part(path: Path, source_url: str, shown: str, gunzip: _StreamingGunzip | None) -> _Part:
+    """The .part left by an earlier attempt of this very source and version, re-hashed (and fed to `gunzip`) so
+    that the final sha256 covers every source byte; an empty part when there is none, or when its record names another
+    URL or no version (its bytes could be another file's: resuming would glue two files together)."""
     digest = hashlib.sha256()
     if not path.is_file():
         _part_record_path(path).unlink(missing_ok=True)
@@ -219,6 +237,8 @@ def _existing_part(path: Path, source_url: str, shown: str) -> _Part:
         while chunk := f.read(8 << 20):
             digest.update(chunk)
             offset += len(chunk)
+            if gunzip is not None:
+                gunzip.feed(chunk)
     return _Part(path, digest, offset, record["validator"])
 
 
@@ -235,17 +255,20 @@ def _open_from(open_at: Opener, part: _Part, shown: str) -> _Body:
         return open_at(0, None)
 
 
-def _restart(part: _Part, body: _Body, source_url: str) -> _Part:
+def _restart(part: _Part, body: _Body, source_url: str, gunzip: _StreamingGunzip | None) -> _Part:
     """An empty .part for a body sent from byte 0, its record naming the URL and the version it comes from."""
+    if gunzip is not None:
+        gunzip.restart()
     _discard_part(part.path)
     write_text_atomic(_part_record_path(part.path), json.dumps({"source": source_url, "validator": body.validator}))
     return _Part(part.path, hashlib.sha256(), 0, body.validator)
 
 
 def _fetch_to_part(open_at: Opener, source_url: str, shown: str, path: Path, max_resume_attempts: int,
-                   limits: _Limits) -> tuple[_Part, int]:
-    """Fill the .part with the whole source, resuming after drops; returns the part and the first resume offset."""
-    part = _existing_part(path, source_url, shown)
+                   limits: _Limits, gunzip: _StreamingGunzip | None) -> tuple[_Part, int]:
+    """Fill the .part with the whole source, resuming after drops, feeding `gunzip` (if any) every byte in order;
+    returns the part and the first resume offset."""
+    part = _existing_part(path, source_url, shown, gunzip)
     resumed_from, failures = 0, 0
     progress = ProgressLog(f"downloading {shown}", unit="bytes", every_s=_PROGRESS_EVERY_S, logger=log,
                            done=part.offset)  # the rate counts this call's bytes, not a resumed .part's
@@ -259,11 +282,11 @@ def _fetch_to_part(open_at: Opener, source_url: str, shown: str, path: Path, max
                 if part.offset:
                     log.warning("%s answered from byte 0, not %d (Range ignored, or the source changed since the "
                                 ".part was started): restarting from 0", shown, part.offset)
-                part = _restart(part, body, source_url)
+                part = _restart(part, body, source_url, gunzip)
             elif not resumed_from:
                 resumed_from = part.offset
                 log.info("resuming %s from byte %d", shown, part.offset)
-            _append(body, part, progress, shown, limits)
+            _append(body, part, progress, shown, limits, gunzip)
             return part, resumed_from
         except _Interrupted as exc:
             failures += 1
@@ -278,7 +301,8 @@ def _fetch_to_part(open_at: Opener, source_url: str, shown: str, path: Path, max
             body.close()
 
 
-def _append(body: _Body, part: _Part, progress: ProgressLog, shown: str, limits: _Limits) -> None:
+def _append(body: _Body, part: _Part, progress: ProgressLog, shown: str, limits: _Limits,
+            gunzip: _StreamingGunzip | None) -> None:
     """Append the body to the .part, hashing as it goes; a body shorter than announced is an interruption. Refuses
     a source larger than the byte cap (announced or not) and stops at the deadline between any two reads."""
     if body.total is not None and body.total > limits.max_bytes:
@@ -297,6 +321,8 @@ def _append(body: _Body, part: _Part, progress: ProgressLog, shown: str, limits:
                 f.write(chunk)
                 part.digest.update(chunk)
                 part.offset += len(chunk)
+                if gunzip is not None:
+                    gunzip.feed(chunk)
                 progress.report(part.offset, total=body.total)
         finally:
             if not f.closed:
@@ -308,23 +334,159 @@ def _append(body: _Body, part: _Part, progress: ProgressLog, shown: str, limits:
         raise _Interrupted(f"stream ended at byte {part.offset} of {body.total}")
 
 
-def _gunzip(part: Path, destination: Path, shown: str, chunk_bytes: int, max_expanded: int) -> None:
-    """Decompress the verified .part into a temporary sibling, renamed over the destination only when whole; more
-    than `max_expanded` bytes is refused (ExpansionLimitExceeded), the temporary and the .part removed."""
-    with open(part, "rb") as raw, atomic_file(destination) as out:
+class _Aborted(Exception):
+    """The decompressing thread was told to stop (a restart from byte 0, or the download failed)."""
+
+
+class _GzipStream:
+    """gzip's decompression of a byte stream handed over in chunks, with GzipFile's rules: one or more members, each
+    with its CRC and length checked (zlib, wbits 31), zero padding allowed between and after members; the output
+    written to `out`, refused past `max_expanded` bytes. Pieces of up to _GUNZIP_PIECE_BYTES go to zlib (which
+    releases the GIL), not GzipFile's 8 KiB reads: the Python overhead per byte is what kept a decompressing thread
+    from overlapping; small enough that a member's end copies little (`unused_data`) and an error is placed within
+    a piece."""
+
+    OUT_BYTES = 16 << 20  # the most one zlib call returns
+
+    def __init__(self, out: BinaryIO, max_expanded: int, what: str) -> None:
+        self.out, self.max_expanded, self.what = out, max_expanded, what
+        self.inflater: Any = None  # the member being decompressed; None between members
+        self.members = self.consumed = self.expanded = 0
+
+    def write(self, data: bytes | memoryview) -> None:
+        while data:
+            if self.inflater is None:
+                if self.members:
+                    data = bytes(data).lstrip(b"\0")  # padding after a member
+                    if not data:
+                        return
+                self.inflater = zlib.decompressobj(wbits=31)  # a gzip member: a bad header is a zlib.error
+            before = len(data)
+            while True:
+                expanded = self.inflater.decompress(data, self.OUT_BYTES)
+                self._emit(expanded)
+                data = self.inflater.unconsumed_tail
+                if self.inflater.eof or (not data and len(expanded) < self.OUT_BYTES):
+                    break
+            if self.inflater.eof:
+                data = self.inflater.unused_data
+                self.inflater = None
+                self.members += 1
+            self.consumed += before - len(data)
+
+    def close(self) -> None:
+        if self.inflater is not None:
+            raise EOFError("Compressed file ended before the end-of-stream marker was reached")
+        if not self.members:
+            raise EOFError("the file is empty (no gzip member)")
+
+    def _emit(self, expanded: bytes) -> None:
+        self.expanded += len(expanded)
+        if self.expanded > self.max_expanded:
+            raise ExpansionLimitExceeded(f"{self.what} expands to more than {self.max_expanded} bytes; refusing to "
+                                         "unpack it (a decompression bomb? set RECFLOW_EXPANDED_MAX_BYTES to allow "
+                                         "more)")
+        self.out.write(expanded)
+
+
+class _StreamingGunzip:
+    """Decompresses the source into `out` while it is fetched: the fetch hands every byte, in order, to a thread
+    (_GzipStream; zlib and file writes release the GIL, so the transfer and the decompression overlap instead of
+    following each other; at most _GUNZIP_QUEUE_BYTES wait, then the fetch waits). A corrupt or truncated gzip, or one
+    expanding past `max_expanded`, is reported by `finish`, after the transfer and its sha256 check, as when the .part
+    was decompressed afterwards; a failed thread drops the rest of the bytes meanwhile. `restart` (the source is
+    fetched from byte 0 again) starts over with an empty `out`."""
+
+    def __init__(self, out: BinaryIO, part: Path, shown: str, chunk_bytes: int, max_expanded: int) -> None:
+        self.out, self.part, self.shown, self.max_expanded = out, part, shown, max_expanded
+        self.piece = max(1, min(chunk_bytes, _GUNZIP_QUEUE_BYTES // 2))  # the queue holds pieces of at most this
+        self.waiting = _GUNZIP_QUEUE_BYTES // self.piece
+        self.fed = 0
+        self._start()
+
+    def _start(self) -> None:
+        self.out.seek(0)
+        self.out.truncate()
+        self.chunks: queue.Queue = queue.Queue(maxsize=self.waiting)
+        self.aborted = threading.Event()
+        self.stream = _GzipStream(self.out, self.max_expanded, f"gzip {self.shown}")
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._run, name=f"gunzip {self.part.name}", daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
         try:
-            if part.stat().st_size == 0:
-                raise EOFError("the file is empty (no gzip member)")
-            with gzip.GzipFile(fileobj=raw) as unzipped:
-                copy_capped(unzipped, out, limit=max_expanded, what=f"gzip {shown}", chunk_bytes=chunk_bytes)
-        except NotAllowed:
-            _discard_part(part)
-            raise
-        except (EOFError, gzip.BadGzipFile, zlib.error) as exc:
-            offset = raw.tell()
-            _discard_part(part)  # bad bytes: the next retry fetches afresh rather than resuming them
-            raise DownloadError(
-                f"corrupt or truncated gzip {part} (from {shown}) near compressed byte {offset}: {exc}") from None
+            while (chunk := self._next()) is not None:
+                view = memoryview(chunk)
+                for at in range(0, len(view), _GUNZIP_PIECE_BYTES):
+                    if self.aborted.is_set():
+                        raise _Aborted
+                    self.stream.write(view[at:at + _GUNZIP_PIECE_BYTES])
+            self.stream.close()
+        except _Aborted:
+            pass
+        except BaseException as exc:  # reported by finish(), in the caller's thread
+            self.error = exc
+
+    def _next(self) -> memoryview | None:
+        while True:
+            try:
+                chunk = self.chunks.get(timeout=0.5)
+            except queue.Empty:
+                continue
+            if self.aborted.is_set():
+                raise _Aborted
+            return chunk
+
+    def _hand_over(self, item: memoryview | None) -> None:
+        while self.thread.is_alive():
+            try:
+                self.chunks.put(item, timeout=0.5)
+                return
+            except queue.Full:
+                continue
+
+    def feed(self, chunk: bytes) -> None:
+        self.fed += len(chunk)
+        view = memoryview(chunk)
+        for at in range(0, len(view), self.piece):  # so that the queue's bound is one in bytes
+            self._hand_over(view[at:at + self.piece])
+
+    def restart(self) -> None:
+        if self.fed:
+            self._stop()
+            self.fed = 0
+            self._start()
+
+    def finish(self) -> None:
+        """Ends the stream and waits for the thread; raises what it found. A corrupt gzip or a refusal discards the
+        .part (the next retry fetches afresh rather than resuming bad bytes); an OSError (a full disk) keeps it."""
+        self._hand_over(None)
+        self.thread.join()
+        if self.error is None:
+            return
+        if isinstance(self.error, (EOFError, zlib.error, NotAllowed)):
+            _discard_part(self.part)  # bad bytes, or a refusal: a retry fetches afresh (an OSError keeps the .part)
+        if isinstance(self.error, (EOFError, zlib.error)):
+            raise DownloadError(f"corrupt or truncated gzip {self.part} (from {self.shown}) near compressed byte "
+                                f"{self.stream.consumed}: {self.error}") from None
+        raise self.error
+
+    def _stop(self) -> None:
+        self.aborted.set()
+        with contextlib.suppress(queue.Empty):
+            while True:
+                self.chunks.get_nowait()  # unblocks a fetch waiting to hand over
+        with contextlib.suppress(queue.Full):
+            self.chunks.put_nowait(None)  # wakes the thread at once: it sees the stop before the item
+        self.thread.join()
+
+    def __enter__(self) -> _StreamingGunzip:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.thread.is_alive():
+            self._stop()
 
 
 @dataclass(frozen=True)
