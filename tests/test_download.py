@@ -419,6 +419,33 @@ def test_gz_whose_decompressed_write_fails_keeps_the_verified_part(http_server, 
     assert http_server.server.requests[-1] == ("/day_0.gz", f"bytes={len(packed)}-")  # answered 416: no body
 
 
+def test_gz_stream_fed_in_any_piece_sizes_decompresses_whole_and_places_an_error(tmp_path: Path) -> None:
+    """Reads of any size (an HTTPS read returns one TLS record; a leftover .part is re-read in 8 MiB) are gathered
+    or cut into the thread's pieces without losing or reordering a byte; a bad member after padding is placed at its
+    compressed offset."""
+    import io
+    import random
+
+    from tasks.core.download import _StreamingGunzip
+
+    plain = _payload(3_000_000) + _tsv(20_000)
+    packed = gzip.compress(plain, compresslevel=1)
+    rng, at, out = random.Random(3), 0, io.BytesIO()
+    with _StreamingGunzip(out, tmp_path / "x.part", "test", max_expanded=1 << 30) as gunzip:
+        while at < len(packed):
+            size = rng.choice([1, 13, 16 << 10, 1 << 20, 3 << 20])
+            gunzip.feed(packed[at:at + size])
+            at += size
+        gunzip.finish()
+    assert out.getvalue() == plain
+
+    bad = gzip.compress(b"first member") + bytes(1000) + b"\x1f\x8bnot a header"
+    with _StreamingGunzip(io.BytesIO(), tmp_path / "x.part", "test", max_expanded=1 << 30) as gunzip:
+        gunzip.feed(bad)
+        with pytest.raises(DownloadError, match=rf"near compressed byte {len(bad) - 14}"):
+            gunzip.finish()
+
+
 def test_gz_kept_compressed_when_decompress_false(http_server, out: Path) -> None:
     packed = gzip.compress(_tsv())
     (http_server.root / "day_0.gz").write_bytes(packed)

@@ -58,6 +58,7 @@ log = logging.getLogger(__name__)
 
 _PROGRESS_EVERY_S = 5.0
 _GUNZIP_QUEUE_BYTES = 64 << 20  # fetched bytes waiting for the decompressing thread, at most
+_GUNZIP_HANDOVER_BYTES = 1 << 20  # what the fetch hands the thread at a time (small reads gathered, large cut)
 _GUNZIP_PIECE_BYTES = 256 << 10  # what the thread hands zlib at a time (and checks for a stop between)
 
 
@@ -147,7 +148,7 @@ def download(
     fetch = functools.partial(_fetch_to_part, open_at, source_url, source.shown, part_path, max_resume_attempts,
                               limits)
     if decompress:
-        with atomic_file(destination) as out, _StreamingGunzip(out, part_path, source.shown, chunk_bytes,
+        with atomic_file(destination) as out, _StreamingGunzip(out, part_path, source.shown,
                                                                limits.max_expanded) as gunzip:
             part, resumed_from = fetch(gunzip)
             actual = _verified(part, expected, source.shown)
@@ -339,8 +340,9 @@ class _Aborted(Exception):
 
 
 class _GzipStream:
-    """gzip's decompression of a byte stream handed over in chunks, with GzipFile's rules: one or more members, each
-    with its CRC and length checked (zlib, wbits 31), zero padding allowed between and after members; the output
+    """gzip's decompression of a byte stream handed over in chunks, as GzipFile reads it: one or more members, each
+    with its CRC and length checked (zlib, wbits 31), zero padding allowed between and after members (zlib is
+    stricter on a header than GzipFile: reserved flag bits and a header CRC are checked, as RFC 1952 asks); the output
     written to `out`, refused past `max_expanded` bytes. Pieces of up to _GUNZIP_PIECE_BYTES go to zlib (which
     releases the GIL), not GzipFile's 8 KiB reads: the Python overhead per byte is what kept a decompressing thread
     from overlapping; small enough that a member's end copies little (`unused_data`) and an error is placed within
@@ -357,7 +359,9 @@ class _GzipStream:
         while data:
             if self.inflater is None:
                 if self.members:
+                    padded = len(data)
                     data = bytes(data).lstrip(b"\0")  # padding after a member
+                    self.consumed += padded - len(data)
                     if not data:
                         return
                 self.inflater = zlib.decompressobj(wbits=31)  # a gzip member: a bad header is a zlib.error
@@ -397,17 +401,17 @@ class _StreamingGunzip:
     was decompressed afterwards; a failed thread drops the rest of the bytes meanwhile. `restart` (the source is
     fetched from byte 0 again) starts over with an empty `out`."""
 
-    def __init__(self, out: BinaryIO, part: Path, shown: str, chunk_bytes: int, max_expanded: int) -> None:
+    def __init__(self, out: BinaryIO, part: Path, shown: str, max_expanded: int) -> None:
         self.out, self.part, self.shown, self.max_expanded = out, part, shown, max_expanded
-        self.piece = max(1, min(chunk_bytes, _GUNZIP_QUEUE_BYTES // 2))  # the queue holds pieces of at most this
-        self.waiting = _GUNZIP_QUEUE_BYTES // self.piece
         self.fed = 0
+        self.gathered = bytearray()  # small reads (an HTTPS read1 returns one TLS record, <= 16 KiB) not handed over
         self._start()
 
     def _start(self) -> None:
         self.out.seek(0)
         self.out.truncate()
-        self.chunks: queue.Queue = queue.Queue(maxsize=self.waiting)
+        self.chunks: queue.Queue = queue.Queue(maxsize=_GUNZIP_QUEUE_BYTES // _GUNZIP_HANDOVER_BYTES)
+        self.gathered.clear()
         self.aborted = threading.Event()
         self.stream = _GzipStream(self.out, self.max_expanded, f"gzip {self.shown}")
         self.error: BaseException | None = None
@@ -447,10 +451,22 @@ class _StreamingGunzip:
                 continue
 
     def feed(self, chunk: bytes) -> None:
+        """Hands `chunk` over in pieces of _GUNZIP_HANDOVER_BYTES (so that the queue's bound is one in bytes and the
+        thread's work per piece is worth its overhead), the last few bytes kept until more come or `finish`."""
         self.fed += len(chunk)
         view = memoryview(chunk)
-        for at in range(0, len(view), self.piece):  # so that the queue's bound is one in bytes
-            self._hand_over(view[at:at + self.piece])
+        if self.gathered:
+            taken = _GUNZIP_HANDOVER_BYTES - len(self.gathered)
+            self.gathered += view[:taken]
+            view = view[taken:]
+            if len(self.gathered) < _GUNZIP_HANDOVER_BYTES:
+                return
+            self._hand_over(memoryview(bytes(self.gathered)))
+            self.gathered.clear()
+        whole = len(view) - len(view) % _GUNZIP_HANDOVER_BYTES
+        for at in range(0, whole, _GUNZIP_HANDOVER_BYTES):
+            self._hand_over(view[at:at + _GUNZIP_HANDOVER_BYTES])
+        self.gathered += view[whole:]
 
     def restart(self) -> None:
         if self.fed:
@@ -461,6 +477,9 @@ class _StreamingGunzip:
     def finish(self) -> None:
         """Ends the stream and waits for the thread; raises what it found. A corrupt gzip or a refusal discards the
         .part (the next retry fetches afresh rather than resuming bad bytes); an OSError (a full disk) keeps it."""
+        if self.gathered:
+            self._hand_over(memoryview(bytes(self.gathered)))
+            self.gathered.clear()
         self._hand_over(None)
         self.thread.join()
         if self.error is None:
