@@ -12,7 +12,9 @@ dataset replaced atomically, never appended to; every value checked as it is wri
 (NVIDIA's FeatureSpec checks, sizes and rows; a full scan of a dataset whose writer did not check it)
 → `train` (DLRM, torchrun with `nproc` processes; resumes from its last checkpoint on retry) → `evaluate` (ROC AUC,
 logloss on the test mapping) → `gate` (AUC threshold, and no worse than the published model scored on the same
-test rows) → `publish` (weights, both FeatureSpecs, curves, gate record; `latest` moved last).
+test rows) → `publish` (weights, both FeatureSpecs, curves, gate record; `latest` moved last) → `prune` (also after a
+gate that held the model back: the run is marked finished, and the fetched files, validated tables and dataset of
+finished runs older than the newest RECFLOW_KEEP_RUN_DATASETS, 2, are deleted).
 
 The spec is NVIDIA's yaml with `type: csv` chunks (see NVIDIA's DLRM README, "BYO dataset", and
 docs/byo.md). Outputs live under `<data root>/runs/byo_dlrm/<run id>/`.
@@ -99,7 +101,7 @@ def byo_dlrm():
     dataset = transcode(validate(fetch(run)))
     trained = shared.train(run, validate_dataset(dataset))
     metrics = shared.evaluate(run, trained)
-    shared.gate(run, metrics) >> shared.publish(run, metrics)
+    shared.gate(run, metrics) >> shared.publish(run, metrics) >> shared.prune()
 
 
 document(byo_dlrm(), __doc__)

@@ -9,8 +9,10 @@ tensorflow: `nproc` TensorFlow workers under MultiWorkerMirroredStrategy; either
 retry) → `evaluate` (ROC AUC, logloss on the test mapping) → `export` (TorchScript, or a TensorFlow SavedModel, as
 a Triton model repository) and `gate` (AUC threshold, and no worse than the published model scored on the same test rows
 through its own dictionary; a failed gate skips publishing) → `publish` (a self-contained version: weights,
-dictionary, preprocessing, FeatureSpec, export; `latest` moved last). `python -m tasks.criteo.predict` scores raw
-rows with any published version.
+dictionary, preprocessing, FeatureSpec, export; `latest` moved last) → `prune` (also after a gate that held the
+model back: the run is marked finished, and the datasets of finished runs older than the newest
+RECFLOW_KEEP_RUN_DATASETS, 2, are deleted: ~390 GB each for a 24-day window). `python -m tasks.criteo.predict` scores
+raw rows with any published version.
 
 Preprocessing engine (`engine`): `arrow` (the same jobs on one machine without a JVM; the default when the
 `spark_default` connection names no master or a local[...] one), `spark` (the default with a cluster master or a
@@ -126,7 +128,7 @@ def criteo_dlrm():
     dataset = transform(run, build_dictionary(run))
     trained = shared.train(run, validate_dataset(dataset))
     metrics = shared.evaluate(run, trained)
-    [shared.gate(run, metrics), export(run, trained)] >> shared.publish(run, metrics)
+    [shared.gate(run, metrics), export(run, trained)] >> shared.publish(run, metrics) >> shared.prune()
 
 
 document(criteo_dlrm(), __doc__)

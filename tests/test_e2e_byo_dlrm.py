@@ -36,7 +36,7 @@ def test_byo_dlrm_validates_transcodes_trains_and_publishes(byo_run):
     run = byo_run
     assert run["state"] == "success", run["log"][-4000:]
     assert set(run["tasks"]) == {"resolve_run", "fetch", "validate", "transcode", "validate_dataset", "train",
-                                 "evaluate", "gate", "publish"}
+                                 "evaluate", "gate", "publish", "prune"}
     assert all(t["state"] == "success" for t in run["tasks"].values())
     root = Path(run["data"])
     run_dir = layout.run_dir(root, "byo_dlrm", run["run_id"])

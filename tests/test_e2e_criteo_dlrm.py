@@ -51,7 +51,7 @@ def test_dlrm_trains_evaluates_and_publishes(ingested):
     run = run_dlrm(ingested)
     assert run["state"] == "success", run["log"][-4000:]
     assert set(run["tasks"]) == {"resolve_run", "build_dictionary", "transform", "validate_dataset", "train",
-                                 "evaluate", "export", "gate", "publish"}
+                                 "evaluate", "export", "gate", "publish", "prune"}
     assert all(t["state"] == "success" for t in run["tasks"].values())
 
     root = Path(ingested["RECFLOW_DATA_ROOT"])
@@ -147,6 +147,10 @@ def test_a_worse_model_is_gated_out_by_scoring_production_on_the_same_rows(inges
     assert run["tasks"]["gate"]["state"] == "success"  # a failed gate is a decision, not a task failure
     assert run["state"] == "success", run["log"][-4000:]
     assert run["tasks"]["publish"]["state"] == "skipped"
+    # A run held back by its gate ended well: it is marked finished, and with the default of 2 kept, the
+    # production run's dataset (compared above) stays.
+    assert run["tasks"]["prune"]["state"] == "success" and (run_dir / "_FINISHED.json").is_file()
+    assert production_dataset.is_dir()
     gate = json.loads((layout.run_dir(root, "criteo_dlrm", run["run_id"]) / "gate" / "gate.json").read_text())
     assert not gate["passed"] and gate["baseline_version"] == latest["version"]
     assert gate["baseline_basis"].startswith(f"production {latest['version']} scored on the same {ROWS // 2} test rows")
@@ -172,6 +176,9 @@ def test_a_run_that_fails_after_the_gate_ends_failed_in_the_registry(ingested):
     assert run["state"] == "failed", run["log"][-4000:]
     assert run["tasks"]["gate"]["state"] == "success"
     assert run["tasks"]["publish"]["state"] == "failed" and run["tasks"]["publish"]["try_number"] == 1
+    # A failed run is not finished: it keeps its dataset for the retry, and prunes nothing.
+    assert run["tasks"]["prune"]["state"] == "upstream_failed"
+    assert not (layout.run_dir(root, "criteo_dlrm", run["run_id"]) / "_FINISHED.json").exists()
     assert (f"PublishNotAllowed: publish store /srv/elsewhere/models is not under an allowed store "
             f"['{root / 'published'}'] (set RECFLOW_PUBLISH_ALLOWED to allow more)") in run["log"]
     with Registry("sqlite:///" + str(root / "registry.db")) as registry:

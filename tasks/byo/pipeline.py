@@ -58,6 +58,10 @@ class RunPaths(runs.RunPaths):
     def dataset(self) -> Path:
         return self.root / "dataset"
 
+    @property
+    def rebuildable(self) -> tuple[Path, ...]:
+        return (self.source, self.validated, self.dataset)
+
 
 def model_config(knobs: dict[str, Any], device: str) -> dict[str, Any]:
     """DlrmConfig fields from the resolved knobs (tasks.core.dlrm_knobs.dlrm_model_config)."""

@@ -58,6 +58,9 @@ class Settings:
     publish_allowed: tuple[str, ...] = ()
     allowed_conn_ids: tuple[str, ...] = ("aws_default",)
     partition_lock_timeout_s: float = 3600.0
+    # Finished training runs per pipeline whose rebuildable outputs (datasets) are kept (tasks.release.runs.prune);
+    # 0 keeps every run's.
+    keep_run_datasets: int = 2
     # The loosest release gate a trigger form may set; None: the deployment profile's value (tasks.core.profiles).
     release_min_value: float | None = None
     release_max_regression: float | None = None
@@ -139,6 +142,11 @@ def load_settings(env: dict[str, str] | None = None) -> Settings:
         overrides["allowed_conn_ids"] = _list(read("RECFLOW_ALLOWED_CONN_IDS", env))
     if read("RECFLOW_PARTITION_LOCK_TIMEOUT_S", env):
         overrides["partition_lock_timeout_s"] = float(read("RECFLOW_PARTITION_LOCK_TIMEOUT_S", env))
+    if read("RECFLOW_KEEP_RUN_DATASETS", env):
+        kept = int(read("RECFLOW_KEEP_RUN_DATASETS", env))
+        if kept < 0:
+            raise ValueError(f"RECFLOW_KEEP_RUN_DATASETS={kept}: expected 0 (keep all) or more")
+        overrides["keep_run_datasets"] = kept
     for name, key in (("RECFLOW_RELEASE_MIN_VALUE", "release_min_value"),
                       ("RECFLOW_RELEASE_MAX_REGRESSION", "release_max_regression")):
         if read(name, env):

@@ -155,6 +155,9 @@ declare(
        "comma/space-separated", field="allowed_conn_ids"),
     _S("RECFLOW_PARTITION_LOCK_TIMEOUT_S", "seconds", "3600", "how long a step waits for another run's lock on the "
        "same partition before it fails (and is retried)", field="partition_lock_timeout_s"),
+    _S("RECFLOW_KEEP_RUN_DATASETS", "int", "2", "finished training runs per pipeline whose datasets (and other "
+       "outputs rebuilt from the run's inputs) are kept; a run that finishes deletes those of older finished runs "
+       "(a failed run's are kept until it is cleared and finishes). 0 keeps every run's", field="keep_run_datasets"),
     _S("RECFLOW_RELEASE_MIN_VALUE", "float", "", "the lowest `min_<metric>` (`min_auc`, `min_hr`, `min_map`) a form "
        "may ask for; a form may only tighten", default_note="the value of `RECFLOW_PROFILE`'s profile",
        field="release_min_value"),

@@ -89,6 +89,10 @@ class RunPaths(runs.RunPaths):
         return self.root / "dataset"
 
     @property
+    def rebuildable(self) -> tuple[Path, ...]:
+        return (self.dataset,)
+
+    @property
     def export(self) -> Path:
         """The serving export: a Triton model repository (models.dlrm.export)."""
         return self.root / "export"

@@ -1,6 +1,6 @@
-"""The tasks every training pipeline's DAG shares (resolve_run → … → train → evaluate → gate → publish), made once
-from the name of the pipeline's steps module, whose `SPEC` (tasks.release.pipeline.TrainingPipeline) says what is
-its own. The DAG file keeps the rest (its preprocessing tasks, its params, the wiring).
+"""The tasks every training pipeline's DAG shares (resolve_run → … → train → evaluate → gate → publish, then prune
+where its runs hold datasets of their own), made once from the name of the pipeline's steps module, whose `SPEC`
+(tasks.release.pipeline.TrainingPipeline) says what is its own. The DAG file keeps the rest (its preprocessing tasks, its params, the wiring).
 
 Parse-cheap: the steps module is imported inside the task bodies, never at parse time.
 """
@@ -22,6 +22,7 @@ class TrainingTasks:
     evaluate: Any
     gate: Any
     publish: Any
+    prune: Any
 
 
 def attempts_time_left(ti: Any) -> dict[str, float]:
@@ -93,7 +94,17 @@ def training_tasks(steps_module: str, *, record_failure: Callable[[dict], None],
             model_name=params["model_name"], store_uri=params["publish_uri"] or None,
             aws_conn_id=params["aws_conn_id"])
 
-    return TrainingTasks(resolve_run=resolve_run, train=train, evaluate=evaluate, gate=gate, publish=publish)
+    # After publish, also when the gate held the model back (publish skipped); not after a failure, whose run keeps
+    # its dataset for the retry.
+    @task(trigger_rule="none_failed")
+    def prune(**context) -> dict:
+        from tasks.release.runs import prune as prune_runs
+
+        pipeline = spec()
+        return prune_runs(settings(), pipeline.name, pipeline.paths, context["run_id"])
+
+    return TrainingTasks(resolve_run=resolve_run, train=train, evaluate=evaluate, gate=gate, publish=publish,
+                         prune=prune)
 
 
 def snapshot_params(param: str, snapshot_of_run: Callable[[dict], str | None]) -> Callable[[dict], dict]:

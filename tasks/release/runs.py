@@ -57,6 +57,57 @@ class RunPaths:
         """gate.json, and the production model's metrics on this run's test rows."""
         return self.root / "gate"
 
+    @property
+    def rebuildable(self) -> tuple[Path, ...]:
+        """The run's outputs its steps rebuild from its inputs (a per-run dataset: hundreds of GB at full size),
+        deleted once newer runs have finished (prune); none for a pipeline whose datasets are not per run."""
+        return ()
+
+
+FINISHED = "_FINISHED.json"  # in a run's folder: written by its last task (prune), when the run ended well
+
+
+def prune(settings: Settings, pipeline: str, paths_of: Callable[[Path], RunPaths], run_id: str) -> dict[str, Any]:
+    """The last task of a training run that ended well (published, or held back by its gate): marks the run
+    finished, then deletes the rebuildable outputs of the pipeline's finished runs older than the newest
+    `settings.keep_run_datasets` (0: none deleted). Only finished runs are touched: a running or failed run (to be
+    cleared and retried) keeps everything, and so does a run made outside Airflow (the CLI's). Each dataset loses its
+    manifest first, so one half deleted by a killed prune is never taken as complete; a retry deletes the rest."""
+    import json
+    import shutil
+    import time
+
+    from tasks.core.storage import MANIFEST_NAME, write_text_atomic
+
+    runs_root = run_dir(settings.data_root, pipeline, run_id).parent
+    own = paths_of(run_dir(settings.data_root, pipeline, run_id))
+    marker = own.root / FINISHED
+    if not marker.is_file():
+        write_text_atomic(marker, json.dumps({"run_id": run_id, "finished_at": time.time()}))
+    finished = []
+    for folder in runs_root.iterdir() if runs_root.is_dir() else ():
+        try:
+            finished.append((float(json.loads((folder / FINISHED).read_text())["finished_at"]), folder.name))
+        except (OSError, ValueError, KeyError, TypeError):
+            continue  # not finished (or not a run folder)
+    finished.sort(reverse=True)
+    kept = [name for _, name in finished[:settings.keep_run_datasets or len(finished)]]
+    deleted, freed = [], 0
+    for _, name in finished[len(kept):]:
+        for path in paths_of(runs_root / name).rebuildable:
+            if not path.exists():
+                continue
+            size = sum(f.stat().st_size for f in path.rglob("*") if f.is_file() and not f.is_symlink())
+            (path / MANIFEST_NAME).unlink(missing_ok=True)
+            shutil.rmtree(path)
+            deleted.append(str(path))
+            freed += size
+            log.info("deleted %s (%.1f GB) of finished run %s", path, size / 1e9, name)
+    log.info("%s: %d finished runs keep their datasets (%s; RECFLOW_KEEP_RUN_DATASETS=%d); %d outputs of older ones "
+             "deleted, %.1f GB freed", pipeline, len(kept), ", ".join(kept), settings.keep_run_datasets,
+             len(deleted), freed / 1e9)
+    return {"kept": kept, "deleted": deleted, "freed_bytes": freed}
+
 
 def run_paths(settings: Settings, pipeline: str, run_id: str) -> RunPaths:
     return RunPaths(run_dir(settings.data_root, pipeline, run_id))
