@@ -1,6 +1,7 @@
 """The tasks every training pipeline's DAG shares (resolve_run → … → train → evaluate → gate → publish, then prune
 where its runs hold datasets of their own), made once from the name of the pipeline's steps module, whose `SPEC`
-(tasks.release.pipeline.TrainingPipeline) says what is its own. The DAG file keeps the rest (its preprocessing tasks, its params, the wiring).
+(tasks.release.pipeline.TrainingPipeline) says what is its own. The DAG file keeps the rest (its preprocessing
+tasks, its params, the wiring).
 
 Parse-cheap: the steps module is imported inside the task bodies, never at parse time.
 """
