@@ -177,17 +177,22 @@ def test_stats_manifest_is_what_day_stats_expects(validated, monkeypatch):
         name: len({v for (c, v) in expected_counts(good_lines(raw)) if c == i}) for i, name in enumerate(CAT_COLUMNS)}
 
 
-def test_a_raw_day_no_download_vouches_for_is_hashed_once_per_task(tmp_path, monkeypatch):
+def test_a_raw_day_no_download_vouches_for_is_hashed_once_while_it_is_unchanged(tmp_path, monkeypatch):
     """Without a download sidecar (a day written in place), identifying the raw day means hashing it whole (~46 GB
-    at full size): validate_raw does it once for its own inputs and the stats it writes, day_stats once."""
+    at full size): validate_raw does it once for its own inputs and the stats it writes; day_stats and a rerun find
+    the hash recorded beside the unchanged file."""
+    from tasks.core import storage
+
     write_day(tmp_path)
+    raw = criteo_layout.raw_day(tmp_path, DAY)
     hashed: list[Path] = []
-    real = criteo_ingest.file_sha256
-    monkeypatch.setattr(criteo_ingest, "file_sha256", lambda path: hashed.append(path) or real(path))
+    real = storage.file_sha256
+    monkeypatch.setattr(storage, "file_sha256", lambda path: (path == raw and hashed.append(path)) or real(path))
     criteo_ingest.validate_day(settings_for(tmp_path), DAY)
-    assert hashed == [criteo_layout.raw_day(tmp_path, DAY)]
+    assert hashed == [raw]
     assert criteo_ingest.day_stats(settings_for(tmp_path), DAY)["cached"] is True
-    assert len(hashed) == 2
+    assert criteo_ingest.validate_day(settings_for(tmp_path), DAY)["cached"] is True
+    assert len(hashed) == 1
 
 
 def test_parts_roll_over_every_few_row_groups(validated, tmp_path):

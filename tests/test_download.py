@@ -130,6 +130,35 @@ def test_a_linked_source_written_in_place_no_longer_vouches_for_its_checksum(tmp
     assert not result.cached and result.sha256 == _sha(changed) and vouched_sha256(out / "a") == _sha(changed)
 
 
+def test_a_file_no_download_vouches_for_is_hashed_once_while_it_is_unchanged(tmp_path: Path, out: Path,
+                                                                            monkeypatch) -> None:
+    """recorded_sha256: a raw day put in place by hand (or linked again since its download) is hashed once and the
+    result recorded beside it; a write in place, even of the same size, makes the next call hash again."""
+    from tasks.core import storage
+    from tasks.core.download import recorded_sha256
+
+    data = _payload()
+    day = out / "day_0"
+    day.write_bytes(data)
+    hashed = []
+    real = storage.file_sha256
+    monkeypatch.setattr(storage, "file_sha256", lambda path: hashed.append(path) or real(path))
+    assert recorded_sha256(day) == recorded_sha256(day) == _sha(data)
+    assert hashed == [day] and (out / "day_0.sha256.json").is_file()
+    time.sleep(0.01)  # a distinct ctime even on a coarse clock
+    with open(day, "r+b") as f:
+        f.write(b"X")
+    assert recorded_sha256(day) == _sha(b"X" + data[1:]) and len(hashed) == 2
+    assert recorded_sha256(day) == _sha(b"X" + data[1:]) and len(hashed) == 2
+
+    src = tmp_path / "src.bin"  # a download's sidecar vouches: nothing hashed, no record written
+    src.write_bytes(data)
+    download(src.as_uri(), out / "day_0", allowed_file_roots=[tmp_path])
+    assert not (out / "day_0.sha256.json").exists()  # the replaced file's record went with it
+    assert recorded_sha256(out / "day_0") == _sha(data) and len(hashed) == 2
+    assert not (out / "day_0.sha256.json").exists()
+
+
 def test_a_linked_source_with_the_wrong_checksum_leaves_nothing(tmp_path: Path, out: Path) -> None:
     src = tmp_path / "src.bin"
     src.write_bytes(_payload())

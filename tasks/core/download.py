@@ -131,6 +131,7 @@ def download(
         cached.seconds = time.monotonic() - started
         return cached
     sidecar.unlink(missing_ok=True)  # a stale sidecar must never vouch for the file being replaced
+    destination.with_name(destination.name + _HASHED_SUFFIX).unlink(missing_ok=True)  # nor recorded_sha256's record
     destination.parent.mkdir(parents=True, exist_ok=True)
     if link_local and source.path is not None and not decompress:
         linked = _link_local(source.path, destination, source.shown, expected, limits.max_bytes)
@@ -566,6 +567,36 @@ def vouched_sha256(path: Path) -> str | None:
             return None
         return record.get("sha256")
     return None
+
+
+def recorded_sha256(path: Path) -> str:
+    """The file's sha256 without reading it where a record vouches for it: the download's (vouched_sha256), else
+    one an earlier call hashed while the inode is the same and unchanged since (inode, size, mtime and ctime: the
+    kernel moves ctime on any write, truncate, chmod or new link); else the file is hashed and the result recorded
+    beside it (`<file>.sha256.json`) for the next caller. A raw day no download vouches for (put in place by hand, or
+    linked again since) was hashed on every run and retry before (~33 s per 46 GB Criteo day); once now. A file that
+    changed while it was hashed is not recorded; a folder that cannot be written only costs the record."""
+    from tasks.core.storage import file_sha256
+
+    vouched = vouched_sha256(path)
+    if vouched is not None:
+        return vouched
+    record_path = path.with_name(path.name + _HASHED_SUFFIX)
+    before = os.stat(path)
+    identity = [before.st_ino, before.st_size, before.st_mtime_ns, before.st_ctime_ns]
+    with contextlib.suppress(OSError, ValueError, AttributeError, KeyError, TypeError):
+        record = json.loads(record_path.read_text())
+        if record["identity"] == identity:
+            return str(record["sha256"])
+    digest = file_sha256(path)
+    after = os.stat(path)
+    if [after.st_ino, after.st_size, after.st_mtime_ns, after.st_ctime_ns] == identity:
+        with contextlib.suppress(OSError):
+            write_text_atomic(record_path, json.dumps({"sha256": digest, "identity": identity}))
+    return digest
+
+
+_HASHED_SUFFIX = ".sha256.json"
 
 
 def _sidecar_path(destination: Path) -> Path:

@@ -25,7 +25,7 @@ from tasks.core.config import Settings
 from tasks.criteo import layout
 from tasks.core.spark_submit import choose_engine_for_master
 from tasks.criteo.settings import DAY_STATS_ENGINES, CriteoSettings, load_criteo_settings
-from tasks.core.storage import completed_manifest, file_sha256, fingerprint, partition_lock, read_manifest
+from tasks.core.storage import completed_manifest, fingerprint, partition_lock, read_manifest
 
 log = logging.getLogger(__name__)
 
@@ -69,12 +69,13 @@ def download_day(settings: Settings, day: int, *, expected_sha256: str | None = 
 
 def raw_identity(path: Path) -> dict[str, Any]:
     """What identifies a raw day: the checksum the download recorded (no re-hash of a 50 GB file) while it still
-    vouches for the file (a hard-linked day whose source was written since is hashed again: vouched_sha256)."""
-    from tasks.core.download import vouched_sha256
+    vouches for the file, else one hashed once and recorded beside it while the file is unchanged (a hard-linked day
+    whose source was written since is hashed again: tasks.core.download.recorded_sha256)."""
+    from tasks.core.download import recorded_sha256
 
     if not path.is_file():
         raise StepInputMissing(f"raw day file {path} is missing: run download first")
-    return {"file": path.name, "sha256": vouched_sha256(path) or file_sha256(path), "bytes": path.stat().st_size}
+    return {"file": path.name, "sha256": recorded_sha256(path), "bytes": path.stat().st_size}
 
 
 def day_stats_engine(engine: str | None, spark_master: str | None = "local[*]", spark_profile: str = "local") -> str:

@@ -259,6 +259,12 @@ def assert_nothing_partial_marked_complete(root: Path) -> list[str]:
             assert data.is_file() and data.stat().st_size == record["bytes"], f"{rel} vouches for a partial {data}"
             if not record.get("decompressed"):
                 assert sha256(data) == record["sha256"], f"{rel} vouches for {data} with another sha256"
+        elif path.name.endswith(".sha256.json"):  # tasks.core.download.recorded_sha256: true while it matches
+            record = json.loads(path.read_text())
+            data = path.with_name(path.name.removesuffix(".sha256.json"))
+            status = data.stat() if data.is_file() else None
+            if status and [status.st_ino, status.st_size, status.st_mtime_ns, status.st_ctime_ns] == record["identity"]:
+                assert sha256(data) == record["sha256"], f"{rel} records another sha256 for the unchanged {data}"
         elif path.name == "latest.json":
             version = json.loads(path.read_text())["version"]
             committed = path.parent / "versions" / version / MANIFEST_NAME
