@@ -126,15 +126,18 @@ def test_a_worse_model_is_gated_out_by_scoring_production_on_the_same_rows(inges
     latest = json.loads((root / "published" / "criteo_dlrm" / "latest.json").read_text())
     # Barely trained: clearly worse than production. min_auc=0 so only the same-rows comparison can gate it out (a
     # 2-step model's AUC sits near 0.5 either side, and a threshold failure is decided before any baseline).
-    run = run_dlrm(ingested, epochs=1, limit_train_batches=2, min_auc=0.0,
-                   engine="nvtabular")
-    run_dir = layout.run_dir(root, "criteo_dlrm", run["run_id"])
     production = json.loads((root / "published" / "criteo_dlrm" / "versions" / latest["version"]
                              / "lineage.json").read_text())["run_id"]
     production_dataset = layout.run_dir(root, "criteo_dlrm", production) / "dataset"
-    files = sorted(p.relative_to(production_dataset) for p in production_dataset.rglob("*.bin"))
-    assert len(files) == 3 * 28 and "[nvtabular fit]" in run["log"]
-    assert all((run_dir / "dataset" / f).read_bytes() == (production_dataset / f).read_bytes() for f in files)
+    production_bytes = {p.relative_to(production_dataset): p.read_bytes() for p in production_dataset.rglob("*.bin")}
+    # Retention keeps one finished run's dataset here: this run's prune deletes the production run's, asking
+    # Airflow that run's state first (dag.test() deleted the earlier manual run from its database: absent).
+    run = run_dag({**ingested, "RECFLOW_KEEP_RUN_DATASETS": "1"}, "criteo_dlrm",
+                  {"train_days": "0-1", "test_day": 2, **TINY_MODEL, "epochs": 1, "limit_train_batches": 2,
+                   "min_auc": 0.0, "engine": "nvtabular"})
+    run_dir = layout.run_dir(root, "criteo_dlrm", run["run_id"])
+    assert len(production_bytes) == 3 * 28 and "[nvtabular fit]" in run["log"]
+    assert all((run_dir / "dataset" / f).read_bytes() == data for f, data in production_bytes.items())
     from tasks.criteo.dlrm import publishable_files, run_paths
 
     settings = Settings(data_root=root)
@@ -147,10 +150,12 @@ def test_a_worse_model_is_gated_out_by_scoring_production_on_the_same_rows(inges
     assert run["tasks"]["gate"]["state"] == "success"  # a failed gate is a decision, not a task failure
     assert run["state"] == "success", run["log"][-4000:]
     assert run["tasks"]["publish"]["state"] == "skipped"
-    # A run held back by its gate ended well: it is marked finished, and with the default of 2 kept, the
-    # production run's dataset (compared above) stays.
+    # A run held back by its gate ended well: it is marked finished, and the production run's dataset is gone (its
+    # model, metrics and curves stay).
     assert run["tasks"]["prune"]["state"] == "success" and (run_dir / "_FINISHED.json").is_file()
-    assert production_dataset.is_dir()
+    assert not production_dataset.exists(), [line[:400] for line in run["log"].splitlines() if "prune" in line]
+    assert (production_dataset.parent / "train" / "model.pt").is_file()
+    assert f"deleted {production_dataset}" in run["log"]
     gate = json.loads((layout.run_dir(root, "criteo_dlrm", run["run_id"]) / "gate" / "gate.json").read_text())
     assert not gate["passed"] and gate["baseline_version"] == latest["version"]
     assert gate["baseline_basis"].startswith(f"production {latest['version']} scored on the same {ROWS // 2} test rows")

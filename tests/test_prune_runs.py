@@ -17,6 +17,10 @@ from tasks.release.runs import FINISHED, prune
 PIPELINE = "criteo_dlrm"
 
 
+def SUCCESS(run_id: str) -> str:  # noqa: N802 - what Airflow says of a DAG run that ended well
+    return "success"
+
+
 def make_run(root: Path, run_id: str, finished_at: float | None) -> RunPaths:
     """A run folder with a complete dataset, a trained model and, when it ended well, the finished marker."""
     paths = RunPaths(run_dir(root, PIPELINE, run_id))
@@ -37,14 +41,14 @@ def test_a_finished_run_deletes_the_datasets_of_finished_runs_older_than_the_kep
     cli = make_run(tmp_path, "cli__test_2__train_0-1", None)  # made outside Airflow: never finished by a DAG
     current = make_run(tmp_path, "scheduled__4", None)
 
-    result = prune(settings, PIPELINE, RunPaths, "scheduled__4")
+    result = prune(settings, PIPELINE, RunPaths, "scheduled__4", SUCCESS)
 
     assert json.loads((current.root / FINISHED).read_text())["run_id"] == "scheduled__4"
     assert result["kept"] == ["scheduled__4", "scheduled__2"]
     assert result["deleted"] == [str(oldest.dataset)] and result["freed_bytes"] > 1000
     assert not oldest.dataset.exists() and (oldest.train / "model.pt").is_file()  # results stay
     assert all(p.dataset.is_dir() for p in (older, failed, cli, current))
-    again = prune(settings, PIPELINE, RunPaths, "scheduled__4")  # a retry: nothing more to do
+    again = prune(settings, PIPELINE, RunPaths, "scheduled__4", SUCCESS)  # a retry: nothing more to do
     assert again["kept"] == result["kept"] and again["deleted"] == []
 
 
@@ -57,11 +61,11 @@ def test_zero_keeps_every_runs_dataset_and_pipelines_without_per_run_datasets_de
     settings = load_settings()
     assert settings.keep_run_datasets == 0
     runs = [make_run(tmp_path, f"scheduled__{i}", float(i)) for i in range(4)]
-    assert prune(settings, PIPELINE, RunPaths, "scheduled__3")["deleted"] == []
+    assert prune(settings, PIPELINE, RunPaths, "scheduled__3", SUCCESS)["deleted"] == []
     one = Settings(data_root=tmp_path, keep_run_datasets=1)
-    assert prune(one, PIPELINE, GenericRunPaths, "scheduled__3")["deleted"] == []  # nothing rebuildable declared
+    assert prune(one, PIPELINE, GenericRunPaths, "scheduled__3", SUCCESS)["deleted"] == []  # nothing declared
     assert all(r.dataset.is_dir() for r in runs)
-    assert len(prune(one, PIPELINE, RunPaths, "scheduled__3")["deleted"]) == 3
+    assert len(prune(one, PIPELINE, RunPaths, "scheduled__3", SUCCESS)["deleted"]) == 3
 
 
 def test_a_negative_count_is_one_line(monkeypatch):
@@ -88,7 +92,77 @@ def test_a_half_deleted_dataset_is_never_taken_as_complete(tmp_path, monkeypatch
     with monkeypatch.context() as patch:
         patch.setattr(shutil, "rmtree", killed)
         with pytest.raises(KeyboardInterrupt):
-            prune(settings, PIPELINE, RunPaths, "scheduled__2")
+            prune(settings, PIPELINE, RunPaths, "scheduled__2", SUCCESS)
     assert old.dataset.is_dir() and completed_manifest(old.dataset, {"run": "scheduled__1"}) is None
-    assert prune(settings, PIPELINE, RunPaths, "scheduled__2")["deleted"] == [str(old.dataset)]
+    assert prune(settings, PIPELINE, RunPaths, "scheduled__2", SUCCESS)["deleted"] == [str(old.dataset)]
     assert not old.dataset.exists()
+
+
+def test_a_run_cleared_since_it_finished_keeps_its_dataset_and_counts_as_new_when_it_finishes_again(tmp_path):
+    """Airflow's word decides: a finished run that was cleared (running again, or failed waiting for its retry) or
+    that Airflow no longer knows is not pruned; once it finishes again it is the newest."""
+    from tasks.release.runs import RunPruned, check_not_pruned
+
+    settings = Settings(data_root=tmp_path, keep_run_datasets=1)
+    runs = {name: make_run(tmp_path, name, t) for name, t in (("a", 1.0), ("b", 2.0), ("c", 3.0), ("d", 4.0))}
+    states = {"a": "failed", "b": "running", "c": None}  # c: the API could not answer
+    result = prune(settings, PIPELINE, RunPaths, "d", states.get)
+    assert result["deleted"] == [] and all(r.dataset.is_dir() for r in runs.values())
+
+    states["a"] = "success"  # a finished again: its prune marks it newest, and deletes b, c and d once they ended
+    states.update(b="success", c="absent", d="success")  # well or were removed from Airflow's database
+    result = prune(settings, PIPELINE, RunPaths, "a", states.get)
+    assert result["kept"] == ["a"] and sorted(result["deleted"]) == sorted(str(runs[n].dataset) for n in "bcd")
+
+    check_not_pruned(settings, PIPELINE, RunPaths, "a")  # its dataset is there
+    with pytest.raises(RunPruned, match=r"run b finished earlier and retention deleted its dataset "
+                                        r"\(RECFLOW_KEEP_RUN_DATASETS=1\): clear the run from `transform`"):
+        check_not_pruned(settings, PIPELINE, RunPaths, "b")
+
+
+def test_an_output_that_cannot_be_deleted_is_a_warning_and_a_link_goes_alone(tmp_path, monkeypatch, caplog):
+    import os
+    import shutil
+
+    settings = Settings(data_root=tmp_path, keep_run_datasets=1)
+    linked, stuck = make_run(tmp_path, "a", 1.0), make_run(tmp_path, "b", 2.0)
+    elsewhere = tmp_path / "elsewhere"
+    linked.dataset.rename(elsewhere)
+    linked.dataset.symlink_to(elsewhere)
+    os.link(stuck.dataset / "train" / "label.bin", tmp_path / "second-link.bin")  # frees nothing when deleted
+    make_run(tmp_path, "c", 3.0)
+
+    def refused(path, *args, **kwargs):
+        raise PermissionError(13, "Permission denied", str(path))
+
+    with monkeypatch.context() as patch:
+        patch.setattr(shutil, "rmtree", refused)
+        result = prune(settings, PIPELINE, RunPaths, "c", SUCCESS)
+    assert result["deleted"] == [str(linked.dataset)] and result["freed_bytes"] == 0
+    assert not os.path.lexists(linked.dataset) and (elsewhere / "train" / "label.bin").is_file()
+    assert stuck.dataset.is_dir() and "could not delete" in caplog.text and "Permission denied" in caplog.text
+    result = prune(settings, PIPELINE, RunPaths, "c", SUCCESS)  # the next run's prune tries again
+    # Its manifest went in the first try; what is left is the file with a second link: nothing freed.
+    assert result["deleted"] == [str(stuck.dataset)] and result["freed_bytes"] == 0
+    assert (tmp_path / "second-link.bin").stat().st_size == 1000
+
+
+def test_a_404_of_the_execution_api_reads_as_absent_in_either_shape():
+    """Under the supervisor the task sees an AirflowRuntimeError carrying the status code; in-process (dag.test())
+    the API client's error with its response. Anything else (a 500, a refused connection) is not a 404."""
+    from airflow.sdk.exceptions import AirflowRuntimeError, ErrorType
+    from airflow.sdk.execution_time.comms import ErrorResponse
+
+    from tasks.dagkit.training import _not_found
+
+    def runtime_error(status: int) -> AirflowRuntimeError:
+        return AirflowRuntimeError(ErrorResponse(error=ErrorType.API_SERVER_ERROR,
+                                                 detail={"status_code": status, "message": "x", "detail": None}))
+
+    class ClientError(Exception):
+        def __init__(self, status: int) -> None:
+            self.response = type("Response", (), {"status_code": status})()
+
+    assert _not_found(runtime_error(404)) and _not_found(ClientError(404))
+    assert not _not_found(runtime_error(500)) and not _not_found(ClientError(503))
+    assert not _not_found(ConnectionRefusedError(111, "Connection refused"))

@@ -58,6 +58,8 @@ class RunPaths(runs.RunPaths):
     def dataset(self) -> Path:
         return self.root / "dataset"
 
+    rebuilt_by = "fetch"
+
     @property
     def rebuildable(self) -> tuple[Path, ...]:
         return (self.source, self.validated, self.dataset)

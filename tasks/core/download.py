@@ -574,7 +574,7 @@ def recorded_sha256(path: Path) -> str:
     one an earlier call hashed while the inode is the same and unchanged since (inode, size, mtime and ctime: the
     kernel moves ctime on any write, truncate, chmod or new link); else the file is hashed and the result recorded
     beside it (`<file>.sha256.json`) for the next caller. A raw day no download vouches for (put in place by hand, or
-    linked again since) was hashed on every run and retry before (~33 s per 46 GB Criteo day); once now. A file that
+    linked again since) was hashed on every run and retry before (~33 s per 46 GB file); once now. A file that
     changed while it was hashed is not recorded; a folder that cannot be written only costs the record."""
     from tasks.core.storage import file_sha256
 

@@ -88,6 +88,8 @@ class RunPaths(runs.RunPaths):
     def dataset(self) -> Path:
         return self.root / "dataset"
 
+    rebuilt_by = "transform"
+
     @property
     def rebuildable(self) -> tuple[Path, ...]:
         return (self.dataset,)

@@ -9,11 +9,14 @@ Parse-cheap: the steps module is imported inside the task bodies, never at parse
 from __future__ import annotations
 
 import importlib
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from tasks.dagkit import MODEL_TASK, TRAIN_TASK, fail_without_retry, spark_master
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -24,6 +27,15 @@ class TrainingTasks:
     gate: Any
     publish: Any
     prune: Any
+
+
+def _not_found(exc: BaseException) -> bool:
+    """The execution API answered 404: in a task under the supervisor an AirflowRuntimeError whose detail carries
+    the status code, in-process (`dag.test()`) the client's ServerResponseError."""
+    if getattr(getattr(exc, "response", None), "status_code", None) == 404:
+        return True
+    detail = getattr(getattr(exc, "error", None), "detail", None)
+    return isinstance(detail, dict) and detail.get("status_code") == 404
 
 
 def attempts_time_left(ti: Any) -> dict[str, float]:
@@ -39,7 +51,7 @@ def attempts_time_left(ti: Any) -> dict[str, float]:
 
 def training_tasks(steps_module: str, *, record_failure: Callable[[dict], None],
                    params_of: Callable[[dict], dict] | None = None) -> TrainingTasks:
-    """The five shared tasks of a DAG whose steps live in `steps_module`. `params_of(context)` is what resolve_run
+    """The shared tasks of a DAG whose steps live in `steps_module`. `params_of(context)` is what resolve_run
     is handed (default: the run's params; a snapshot pipeline adds the snapshot an asset event announced)."""
     from airflow.sdk import task
 
@@ -50,6 +62,13 @@ def training_tasks(steps_module: str, *, record_failure: Callable[[dict], None],
         from tasks.core.config import load_settings
 
         return load_settings()
+
+    def not_pruned(run_id: str) -> None:
+        """A task of a run whose dataset retention deleted fails at once, saying what to clear (no retry)."""
+        from tasks.release.runs import RunPruned, check_not_pruned
+
+        pipeline = spec()
+        fail_without_retry(RunPruned)(check_not_pruned)(settings(), pipeline.name, pipeline.paths, run_id)
 
     @task.short_circuit
     def resolve_run(**context) -> dict | None:
@@ -64,6 +83,7 @@ def training_tasks(steps_module: str, *, record_failure: Callable[[dict], None],
     def train(run: dict, validated: dict, **context) -> dict:
         from tasks.core.launch import CannotRunHere, ModelTooLarge, TrainingTooSlow
 
+        not_pruned(context["run_id"])
         budget = attempts_time_left(context["ti"])  # a DLRM trainer stops early past it (dlrm_knobs.time_budget)
         refused = fail_without_retry(ModelTooLarge, CannotRunHere, TrainingTooSlow)
         return refused(spec().train)(settings(), context["run_id"], {**run, **budget})
@@ -72,6 +92,7 @@ def training_tasks(steps_module: str, *, record_failure: Callable[[dict], None],
     def evaluate(run: dict, trained: dict, **context) -> dict:
         from tasks.core.launch import CannotRunHere
 
+        not_pruned(context["run_id"])
         # The evaluator's refusal of the node (the run's device cuda on a CPU build) does not get better on retry.
         return fail_without_retry(CannotRunHere)(spec().evaluate)(settings(), context["run_id"], run, trained)
 
@@ -79,6 +100,7 @@ def training_tasks(steps_module: str, *, record_failure: Callable[[dict], None],
     def gate(run: dict, metrics: dict, **context) -> bool:
         from tasks.core.launch import CannotRunHere
 
+        not_pruned(context["run_id"])
         params = context["params"]
         return fail_without_retry(CannotRunHere)(spec().gate)(settings(), context["run_id"], metrics, run,
                                                               model_name=params["model_name"],
@@ -88,6 +110,7 @@ def training_tasks(steps_module: str, *, record_failure: Callable[[dict], None],
     def publish(run: dict, metrics: dict, **context) -> dict:
         from tasks.core.config import NotAllowed
 
+        not_pruned(context["run_id"])
         pipeline, current, params = spec(), settings(), context["params"]
         doc = pipeline.lineage(current, context["run_id"], run, dict(params))
         return fail_without_retry(NotAllowed)(pipeline.publish)(
@@ -101,8 +124,19 @@ def training_tasks(steps_module: str, *, record_failure: Callable[[dict], None],
     def prune(**context) -> dict:
         from tasks.release.runs import prune as prune_runs
 
-        pipeline = spec()
-        return prune_runs(settings(), pipeline.name, pipeline.paths, context["run_id"])
+        pipeline, ti = spec(), context["ti"]
+
+        def run_state(run_id: str) -> str | None:
+            try:
+                state = ti.get_dagrun_state(pipeline.name, run_id)
+            except Exception as exc:  # noqa: BLE001 - whatever the API says, the run keeps its outputs unless 404
+                if _not_found(exc):
+                    return "absent"  # deleted from Airflow's database (`airflow db clean`): no one can clear it
+                log.info("the state of run %s is unknown (%s): it keeps its outputs", run_id, exc)
+                return None
+            return str(getattr(state, "value", state))
+
+        return prune_runs(settings(), pipeline.name, pipeline.paths, context["run_id"], run_state)
 
     return TrainingTasks(resolve_run=resolve_run, train=train, evaluate=evaluate, gate=gate, publish=publish,
                          prune=prune)

@@ -4,7 +4,8 @@ that are the same for all of them built on it: run paths, gate, lineage, publish
 A pipeline's steps module ends with one `SPEC = TrainingPipeline(...)`: its name and dataset, its metric and the
 knob holding the metric's floor, and the steps that really differ (resolve_run, train, evaluate, score_published,
 the window it records, the trainer flags it hashes, its files and its own lineage). tasks/dagkit/training.py builds
-the DAG tasks resolve_run -> train -> evaluate -> gate -> publish from it, the same for every pipeline.
+the DAG tasks resolve_run -> train -> evaluate -> gate -> publish (-> prune, where `paths` declares rebuildable
+outputs: tasks.release.runs.prune) from it, the same for every pipeline.
 
 The hooks' signatures (run: the dict resolve_run returned, the same in every later task):
 

@@ -9,7 +9,10 @@ registry already records as trained does nothing; a run triggered by hand always
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
+import stat
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -63,50 +66,99 @@ class RunPaths:
         deleted once newer runs have finished (prune); none for a pipeline whose datasets are not per run."""
         return ()
 
+    rebuilt_by = ""  # the task that writes the first of `rebuildable` (a pruned run is cleared from it)
 
-FINISHED = "_FINISHED.json"  # in a run's folder: written by its last task (prune), when the run ended well
+
+FINISHED = "_FINISHED.json"  # in a run's folder: written by its last task (prune) each time the run ends well
 
 
-def prune(settings: Settings, pipeline: str, paths_of: Callable[[Path], RunPaths], run_id: str) -> dict[str, Any]:
+class RunPruned(RuntimeError):
+    """A task of a run whose dataset retention deleted (the run was cleared after it finished)."""
+
+
+def prune(settings: Settings, pipeline: str, paths_of: Callable[[Path], RunPaths], run_id: str,
+          run_state: Callable[[str], str | None]) -> dict[str, Any]:
     """The last task of a training run that ended well (published, or held back by its gate): marks the run
-    finished, then deletes the rebuildable outputs of the pipeline's finished runs older than the newest
-    `settings.keep_run_datasets` (0: none deleted). Only finished runs are touched: a running or failed run (to be
-    cleared and retried) keeps everything, and so does a run made outside Airflow (the CLI's). Each dataset loses its
-    manifest first, so one half deleted by a killed prune is never taken as complete; a retry deletes the rest."""
+    finished (now: a run cleared and finished again counts as the newest), then deletes the rebuildable outputs of
+    the pipeline's finished runs older than the newest `settings.keep_run_datasets` (0: none deleted) whose DAG run
+    Airflow reports `success`, or no longer knows (`run_state(run_id)`: the state, "absent", or None when it cannot
+    say): a run cleared since it finished (running again, or failed and waiting for its retry) keeps everything, and
+    so does a folder no DAG run finished (the CLI's `cli__...`). Each dataset loses its manifest first, so one half
+    deleted by a killed prune is never taken as complete (a retry deletes the rest); an output that cannot be deleted
+    is a warning, not a failed run."""
     import json
-    import shutil
     import time
 
-    from tasks.core.storage import MANIFEST_NAME, write_text_atomic
+    from tasks.core.storage import write_text_atomic
 
-    runs_root = run_dir(settings.data_root, pipeline, run_id).parent
     own = paths_of(run_dir(settings.data_root, pipeline, run_id))
-    marker = own.root / FINISHED
-    if not marker.is_file():
-        write_text_atomic(marker, json.dumps({"run_id": run_id, "finished_at": time.time()}))
+    write_text_atomic(own.root / FINISHED, json.dumps({"run_id": run_id, "finished_at": time.time()}))
     finished = []
-    for folder in runs_root.iterdir() if runs_root.is_dir() else ():
+    for folder in own.root.parent.iterdir():
         try:
-            finished.append((float(json.loads((folder / FINISHED).read_text())["finished_at"]), folder.name))
+            record = json.loads((folder / FINISHED).read_text())
+            finished.append((float(record["finished_at"]), folder.name, str(record["run_id"])))
         except (OSError, ValueError, KeyError, TypeError):
             continue  # not finished (or not a run folder)
-    finished.sort(reverse=True)
-    kept = [name for _, name in finished[:settings.keep_run_datasets or len(finished)]]
+    finished.sort(reverse=True)  # by the clock of the workers that finished them
+    kept = [name for _, name, _ in finished[:settings.keep_run_datasets or len(finished)]]
     deleted, freed = [], 0
-    for _, name in finished[len(kept):]:
-        for path in paths_of(runs_root / name).rebuildable:
-            if not path.exists():
-                continue
-            size = sum(f.stat().st_size for f in path.rglob("*") if f.is_file() and not f.is_symlink())
-            (path / MANIFEST_NAME).unlink(missing_ok=True)
-            shutil.rmtree(path)
-            deleted.append(str(path))
-            freed += size
-            log.info("deleted %s (%.1f GB) of finished run %s", path, size / 1e9, name)
+    for _, name, older_run in finished[len(kept):]:
+        paths = [path for path in paths_of(own.root.parent / name).rebuildable if os.path.lexists(path)]
+        if not paths:
+            continue
+        state = run_state(older_run)
+        if state not in ("success", "absent"):
+            log.info("run %s keeps its outputs: its DAG run is %s since it finished", older_run, state or "unknown")
+            continue
+        for path in paths:
+            size = _delete_output(path)
+            if size is not None:
+                deleted.append(str(path))
+                freed += size
+                log.info("deleted %s (%.1f GB) of finished run %s", path, size / 1e9, older_run)
     log.info("%s: %d finished runs keep their datasets (%s; RECFLOW_KEEP_RUN_DATASETS=%d); %d outputs of older ones "
              "deleted, %.1f GB freed", pipeline, len(kept), ", ".join(kept), settings.keep_run_datasets,
              len(deleted), freed / 1e9)
     return {"kept": kept, "deleted": deleted, "freed_bytes": freed}
+
+
+def _delete_output(path: Path) -> int | None:
+    """Delete one output folder (its manifest first), or the link that stands for it; the bytes this freed (files
+    with other hard links free nothing), None when it could not be deleted (logged)."""
+    import shutil
+
+    from tasks.core.storage import MANIFEST_NAME
+
+    try:
+        if path.is_symlink() or not path.is_dir():
+            path.unlink(missing_ok=True)
+            return 0
+        size = 0
+        for file in path.rglob("*"):
+            with contextlib.suppress(FileNotFoundError):
+                status = file.lstat()
+                if stat.S_ISREG(status.st_mode) and status.st_nlink == 1:
+                    size += status.st_size
+        (path / MANIFEST_NAME).unlink(missing_ok=True)
+        shutil.rmtree(path)
+        return size
+    except FileNotFoundError:
+        return None  # deleted meanwhile
+    except OSError as exc:
+        log.warning("could not delete %s (%s): left in place; delete it by hand", path, exc)
+        return None
+
+
+def check_not_pruned(settings: Settings, pipeline: str, paths_of: Callable[[Path], RunPaths], run_id: str) -> None:
+    """Raises RunPruned (one line saying what to clear) when a task of a finished run whose rebuildable outputs
+    retention deleted runs again (the run was cleared from a task after the one that rebuilds them)."""
+    paths = paths_of(run_dir(settings.data_root, pipeline, run_id))
+    missing = [path.name for path in paths.rebuildable if not path.exists()]
+    if missing and (paths.root / FINISHED).is_file():
+        raise RunPruned(f"run {run_id} finished earlier and retention deleted its {', '.join(missing)} "
+                        f"(RECFLOW_KEEP_RUN_DATASETS={settings.keep_run_datasets}): clear the run from "
+                        f"`{paths.rebuilt_by}` (with its downstream tasks) to rebuild them")
 
 
 def run_paths(settings: Settings, pipeline: str, run_id: str) -> RunPaths:
