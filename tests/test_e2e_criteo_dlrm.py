@@ -48,7 +48,10 @@ def run_dlrm(env: dict[str, str], **conf) -> dict:
 
 
 def test_dlrm_trains_evaluates_and_publishes(ingested):
-    run = run_dlrm(ingested)
+    # A logical date keeps this run in Airflow's database through the later runs (dag.test() replaces an earlier
+    # run without one): the next test's retention asks Airflow this run's state, `success`, by its id (with + and :).
+    run = run_dag(ingested, "criteo_dlrm", {"train_days": "0-1", "test_day": 2, **TINY_MODEL},
+                  logical_date="2026-01-05T00:00:00")
     assert run["state"] == "success", run["log"][-4000:]
     assert set(run["tasks"]) == {"resolve_run", "build_dictionary", "transform", "validate_dataset", "train",
                                  "evaluate", "export", "gate", "publish", "prune"}
@@ -130,8 +133,8 @@ def test_a_worse_model_is_gated_out_by_scoring_production_on_the_same_rows(inges
                              / "lineage.json").read_text())["run_id"]
     production_dataset = layout.run_dir(root, "criteo_dlrm", production) / "dataset"
     production_bytes = {p.relative_to(production_dataset): p.read_bytes() for p in production_dataset.rglob("*.bin")}
-    # Retention keeps one finished run's dataset here: this run's prune deletes the production run's, asking
-    # Airflow that run's state first (dag.test() deleted the earlier manual run from its database: absent).
+    # Retention keeps one finished run's dataset here: this run's prune deletes the production run's once Airflow
+    # says that run is `success`.
     run = run_dag({**ingested, "RECFLOW_KEEP_RUN_DATASETS": "1"}, "criteo_dlrm",
                   {"train_days": "0-1", "test_day": 2, **TINY_MODEL, "epochs": 1, "limit_train_batches": 2,
                    "min_auc": 0.0, "engine": "nvtabular"})
@@ -155,7 +158,8 @@ def test_a_worse_model_is_gated_out_by_scoring_production_on_the_same_rows(inges
     assert run["tasks"]["prune"]["state"] == "success" and (run_dir / "_FINISHED.json").is_file()
     assert not production_dataset.exists(), [line[:400] for line in run["log"].splitlines() if "prune" in line]
     assert (production_dataset.parent / "train" / "model.pt").is_file()
-    assert f"deleted {production_dataset}" in run["log"]
+    assert f"deleted {production_dataset}" in run["log"] and f"of finished run {production}" in run["log"]
+    assert "keeps its outputs" not in run["log"] and "is unknown" not in run["log"]
     gate = json.loads((layout.run_dir(root, "criteo_dlrm", run["run_id"]) / "gate" / "gate.json").read_text())
     assert not gate["passed"] and gate["baseline_version"] == latest["version"]
     assert gate["baseline_basis"].startswith(f"production {latest['version']} scored on the same {ROWS // 2} test rows")

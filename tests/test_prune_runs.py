@@ -118,6 +118,9 @@ def test_a_run_cleared_since_it_finished_keeps_its_dataset_and_counts_as_new_whe
     with pytest.raises(RunPruned, match=r"run b finished earlier and retention deleted its dataset "
                                         r"\(RECFLOW_KEEP_RUN_DATASETS=1\): clear the run from `transform`"):
         check_not_pruned(settings, PIPELINE, RunPaths, "b")
+    (runs["a"].dataset / "_MANIFEST.json").unlink()  # what a prune killed while deleting it leaves
+    with pytest.raises(RunPruned, match="run a finished earlier and retention deleted its dataset"):
+        check_not_pruned(settings, PIPELINE, RunPaths, "a")
 
 
 def test_an_output_that_cannot_be_deleted_is_a_warning_and_a_link_goes_alone(tmp_path, monkeypatch, caplog):
@@ -155,14 +158,19 @@ def test_a_404_of_the_execution_api_reads_as_absent_in_either_shape():
 
     from tasks.dagkit.training import _not_found
 
-    def runtime_error(status: int) -> AirflowRuntimeError:
+    route = {"reason": "not_found", "message": "Dag run with dag_id 'criteo_dlrm' and run_id 'x' was not found"}
+
+    def runtime_error(status: int, detail: object) -> AirflowRuntimeError:
         return AirflowRuntimeError(ErrorResponse(error=ErrorType.API_SERVER_ERROR,
-                                                 detail={"status_code": status, "message": "x", "detail": None}))
+                                                 detail={"status_code": status, "message": "Server returned error",
+                                                         "detail": {"detail": detail}}))
 
     class ClientError(Exception):
-        def __init__(self, status: int) -> None:
-            self.response = type("Response", (), {"status_code": status})()
+        def __init__(self, status: int, detail: object) -> None:
+            self.response, self.detail = type("Response", (), {"status_code": status})(), detail
 
-    assert _not_found(runtime_error(404)) and _not_found(ClientError(404))
-    assert not _not_found(runtime_error(500)) and not _not_found(ClientError(503))
+    assert _not_found(runtime_error(404, route)) and _not_found(ClientError(404, route))
+    # A 404 of the router (no such route: another API version), a 500, a refused connection: not "absent".
+    assert not _not_found(runtime_error(404, "Not Found")) and not _not_found(ClientError(404, "Not Found"))
+    assert not _not_found(runtime_error(500, route)) and not _not_found(ClientError(503, route))
     assert not _not_found(ConnectionRefusedError(111, "Connection refused"))

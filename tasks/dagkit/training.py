@@ -30,12 +30,19 @@ class TrainingTasks:
 
 
 def _not_found(exc: BaseException) -> bool:
-    """The execution API answered 404: in a task under the supervisor an AirflowRuntimeError whose detail carries
-    the status code, in-process (`dag.test()`) the client's ServerResponseError."""
+    """The execution API's DAG run state route answered that the run does not exist (its 404 with reason
+    `not_found`; a 404 of any other kind, a routing one, is not that): in a task under the supervisor an
+    AirflowRuntimeError whose detail carries the status and the route's body, in-process (`dag.test()`) the API
+    client's ServerResponseError with the route's detail."""
     if getattr(getattr(exc, "response", None), "status_code", None) == 404:
-        return True
-    detail = getattr(getattr(exc, "error", None), "detail", None)
-    return isinstance(detail, dict) and detail.get("status_code") == 404
+        detail = getattr(exc, "detail", None)
+    else:
+        error = getattr(getattr(exc, "error", None), "detail", None)
+        if not isinstance(error, dict) or error.get("status_code") != 404:
+            return False
+        body = error.get("detail")
+        detail = body.get("detail") if isinstance(body, dict) else None
+    return isinstance(detail, dict) and detail.get("reason") == "not_found"
 
 
 def attempts_time_left(ti: Any) -> dict[str, float]:
@@ -128,7 +135,7 @@ def training_tasks(steps_module: str, *, record_failure: Callable[[dict], None],
 
         def run_state(run_id: str) -> str | None:
             try:
-                state = ti.get_dagrun_state(pipeline.name, run_id)
+                state = ti.get_dagrun_state(ti.dag_id, run_id)  # this DAG's runs: they share this folder
             except Exception as exc:  # noqa: BLE001 - whatever the API says, the run keeps its outputs unless 404
                 if _not_found(exc):
                     return "absent"  # deleted from Airflow's database (`airflow db clean`): no one can clear it

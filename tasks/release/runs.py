@@ -63,7 +63,9 @@ class RunPaths:
     @property
     def rebuildable(self) -> tuple[Path, ...]:
         """The run's outputs its steps rebuild from its inputs (a per-run dataset: hundreds of GB at full size),
-        deleted once newer runs have finished (prune); none for a pipeline whose datasets are not per run."""
+        deleted once newer runs have finished (prune); none for a pipeline whose datasets are not per run. In the
+        order the run writes them, the last a folder with a manifest (the dataset): prune deletes them last first,
+        that manifest before anything, so a run whose last output lacks it was (partly) pruned."""
         return ()
 
     rebuilt_by = ""  # the task that writes the first of `rebuildable` (a pruned run is cleared from it)
@@ -111,7 +113,7 @@ def prune(settings: Settings, pipeline: str, paths_of: Callable[[Path], RunPaths
         if state not in ("success", "absent"):
             log.info("run %s keeps its outputs: its DAG run is %s since it finished", older_run, state or "unknown")
             continue
-        for path in paths:
+        for path in reversed(paths):  # the dataset (and its manifest) first: see RunPaths.rebuildable
             size = _delete_output(path)
             if size is not None:
                 deleted.append(str(path))
@@ -153,8 +155,12 @@ def _delete_output(path: Path) -> int | None:
 def check_not_pruned(settings: Settings, pipeline: str, paths_of: Callable[[Path], RunPaths], run_id: str) -> None:
     """Raises RunPruned (one line saying what to clear) when a task of a finished run whose rebuildable outputs
     retention deleted runs again (the run was cleared from a task after the one that rebuilds them)."""
+    from tasks.core.storage import MANIFEST_NAME
+
     paths = paths_of(run_dir(settings.data_root, pipeline, run_id))
     missing = [path.name for path in paths.rebuildable if not path.exists()]
+    if paths.rebuildable and not missing and not (paths.rebuildable[-1] / MANIFEST_NAME).is_file():
+        missing = [paths.rebuildable[-1].name]  # a prune killed (or refused) while deleting it
     if missing and (paths.root / FINISHED).is_file():
         raise RunPruned(f"run {run_id} finished earlier and retention deleted its {', '.join(missing)} "
                         f"(RECFLOW_KEEP_RUN_DATASETS={settings.keep_run_datasets}): clear the run from "
