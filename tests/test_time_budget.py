@@ -72,7 +72,10 @@ def test_the_shared_tasks_fail_a_refusal_of_the_node_without_retry_and_retry_oth
     def fail(*args, **kwargs):
         raise TrainingFailed("evaluation exited 1: OSError: disk full")
 
-    steps = SimpleNamespace(SPEC=SimpleNamespace(train=refuse, evaluate=refuse, gate=refuse))
+    from tasks.release.runs import RunPaths
+
+    pipeline = {"name": "refusing", "paths": RunPaths}  # no rebuildable outputs: the pruned-run check passes
+    steps = SimpleNamespace(SPEC=SimpleNamespace(train=refuse, evaluate=refuse, gate=refuse, **pipeline))
     monkeypatch.setitem(sys.modules, "tests.refusing_steps", steps)
     shared = training_tasks("tests.refusing_steps", record_failure=lambda context: None)
     ti = SimpleNamespace(try_number=1, max_tries=2, task=SimpleNamespace(execution_timeout=None))
@@ -83,7 +86,7 @@ def test_the_shared_tasks_fail_a_refusal_of_the_node_without_retry_and_retry_oth
     for call in calls.values():
         with pytest.raises(AirflowFailException, match="CannotRunHere: cannot run here: device 'cuda'"):
             call()
-    steps.SPEC = SimpleNamespace(train=fail, evaluate=fail, gate=fail)
+    steps.SPEC = SimpleNamespace(train=fail, evaluate=fail, gate=fail, **pipeline)
     for call in calls.values():
         with pytest.raises(TrainingFailed, match="disk full"):
             call()
