@@ -60,6 +60,7 @@ _PROGRESS_EVERY_S = 5.0
 _GUNZIP_QUEUE_BYTES = 64 << 20  # fetched bytes waiting for the decompressing thread, at most
 _GUNZIP_HANDOVER_BYTES = 1 << 20  # what the fetch hands the thread at a time (small reads gathered, large cut)
 _GUNZIP_PIECE_BYTES = 256 << 10  # what the thread hands zlib at a time (and checks for a stop between)
+_HASHED_SUFFIX = ".sha256.json"  # recorded_sha256's record beside a file no download vouches for
 
 
 @dataclass
@@ -582,21 +583,22 @@ def recorded_sha256(path: Path) -> str:
     if vouched is not None:
         return vouched
     record_path = path.with_name(path.name + _HASHED_SUFFIX)
-    before = os.stat(path)
-    identity = [before.st_ino, before.st_size, before.st_mtime_ns, before.st_ctime_ns]
+    identity = _inode_identity(path)
     with contextlib.suppress(OSError, ValueError, AttributeError, KeyError, TypeError):
         record = json.loads(record_path.read_text())
         if record["identity"] == identity:
             return str(record["sha256"])
     digest = file_sha256(path)
-    after = os.stat(path)
-    if [after.st_ino, after.st_size, after.st_mtime_ns, after.st_ctime_ns] == identity:
+    if _inode_identity(path) == identity:
         with contextlib.suppress(OSError):
             write_text_atomic(record_path, json.dumps({"sha256": digest, "identity": identity}))
     return digest
 
 
-_HASHED_SUFFIX = ".sha256.json"
+def _inode_identity(path: Path) -> list[int]:
+    """What changes when a file's bytes may have: its inode, size, mtime and ctime (recorded as JSON, so a list)."""
+    status = os.stat(path)
+    return [status.st_ino, status.st_size, status.st_mtime_ns, status.st_ctime_ns]
 
 
 def _sidecar_path(destination: Path) -> Path:
