@@ -73,39 +73,34 @@ def test_bad_intervals_are_refused() -> None:
         CheckpointClock(0, 1, 0)
 
 
-def _clock_rank(rank: int, store_path: str, out_dir: str) -> None:
+def _clock_rank(rank: int, out_dir: str) -> None:
     """Rank 0's clock is always due, rank 1's never (the other way round from step 20): each rank records what the
     trainer's clock (broadcast_from_main over gloo) decided at each check."""
     import json
 
     import torch
-    import torch.distributed as dist
 
     from models.torchkit.distributed import DistContext, broadcast_from_main
 
-    dist.init_process_group("gloo", init_method=f"file://{store_path}", rank=rank, world_size=2)
-    try:
-        ctx = DistContext(rank, rank, 2, torch.device("cpu"), "gloo")
-        fake = FakeClock()
-        clock = CheckpointClock(0, 1, 10, agree=lambda due: broadcast_from_main(ctx, due), is_main=ctx.is_main,
-                                clock=fake)
-        decided = []
-        for step in range(1, 41):
-            fake.now += 3600 if (rank == 0) == (step <= 20) else 0  # whose own clock says "due" swaps at step 20
-            if clock.due(step):
-                decided.append(step)
-                clock.saved()
-        with open(f"{out_dir}/rank{rank}.json", "w") as f:
-            json.dump(decided, f)
-    finally:
-        dist.destroy_process_group()
+    ctx = DistContext(rank, rank, 2, torch.device("cpu"), "gloo")
+    fake = FakeClock()
+    clock = CheckpointClock(0, 1, 10, agree=lambda due: broadcast_from_main(ctx, due), is_main=ctx.is_main,
+                            clock=fake)
+    decided = []
+    for step in range(1, 41):
+        fake.now += 3600 if (rank == 0) == (step <= 20) else 0  # whose own clock says "due" swaps at step 20
+        if clock.due(step):
+            decided.append(step)
+            clock.saved()
+    with open(f"{out_dir}/rank{rank}.json", "w") as f:
+        json.dump(decided, f)
 
 
 def test_every_rank_saves_when_rank_0_s_clock_says_so_and_only_then(tmp_path) -> None:
     import json
 
-    import torch
+    from tests.ranks import spawn_ranks
 
-    torch.multiprocessing.spawn(_clock_rank, args=(str(tmp_path / "store"), str(tmp_path)), nprocs=2)
+    spawn_ranks(_clock_rank, tmp_path)
     decided = [json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in (0, 1)]
     assert decided == [[10, 20], [10, 20]]  # rank 1's own clock (due from step 21) is never asked

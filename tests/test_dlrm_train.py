@@ -27,6 +27,7 @@ from models.dlrm.model import Dlrm
 from models.dlrm.sharding import fbgemm_gpu_available
 from models.dlrm.synthetic import make_synthetic_dataset
 from models.dlrm.train import lr_factor, main, make_scheduler, parse_args
+from tests.ranks import spawn_ranks
 from tests.servers import free_port
 
 REPO = Path(__file__).resolve().parents[1]
@@ -369,32 +370,26 @@ def test_two_process_nccl_run(dataset: Path, tmp_path: Path) -> None:
     assert len(checksums) == 1 and "(nccl)" in proc.stdout
 
 
-def _sparse_average_rank(rank: int, store_path: str, out_dir: str) -> None:
-    import torch.distributed as dist
-
+def _sparse_average_rank(rank: int, out_dir: str) -> None:
     from models.torchkit.distributed import DistContext, average_sparse_gradients, data_parallel
 
-    dist.init_process_group("gloo", init_method=f"file://{store_path}", rank=rank, world_size=2)
-    try:
-        tables = [torch.nn.Embedding(10, 3, sparse=True) for _ in range(3)]
-        torch.nn.init.constant_(tables[0].weight, float(rank))  # ranks start apart: data_parallel syncs them
-        dense = torch.nn.Linear(3, 1)  # DDP needs at least one parameter of its own
-        data_parallel(torch.nn.ModuleList([*tables, dense]), DistContext(rank, rank, 2, torch.device("cpu"), "gloo"),
-                      ["0.weight", "1.weight", "2.weight"])
-        assert torch.equal(tables[0].weight, torch.zeros(10, 3))
-        # rank 0 looks up rows 1, 1, 4 in table 0 and nothing in table 2; rank 1 rows 4, 9 in table 0, 2 in both
-        lookups = {0: [[1, 1, 4], [0, 3], None], 1: [[4, 9], [7], [2, 2]]}[rank]
-        loss = sum((table(torch.tensor(rows)) * (rank + 1)).sum()
-                   for table, rows in zip(tables, lookups) if rows is not None)
-        loss.backward()
-        average_sparse_gradients([t.weight for t in tables], 2)
-        torch.save([t.weight.grad.to_dense() for t in tables], f"{out_dir}/rank{rank}.pt")
-    finally:
-        dist.destroy_process_group()
+    tables = [torch.nn.Embedding(10, 3, sparse=True) for _ in range(3)]
+    torch.nn.init.constant_(tables[0].weight, float(rank))  # ranks start apart: data_parallel syncs them
+    dense = torch.nn.Linear(3, 1)  # DDP needs at least one parameter of its own
+    data_parallel(torch.nn.ModuleList([*tables, dense]), DistContext(rank, rank, 2, torch.device("cpu"), "gloo"),
+                  ["0.weight", "1.weight", "2.weight"])
+    assert torch.equal(tables[0].weight, torch.zeros(10, 3))
+    # rank 0 looks up rows 1, 1, 4 in table 0 and nothing in table 2; rank 1 rows 4, 9 in table 0, 2 in both
+    lookups = {0: [[1, 1, 4], [0, 3], None], 1: [[4, 9], [7], [2, 2]]}[rank]
+    loss = sum((table(torch.tensor(rows)) * (rank + 1)).sum()
+               for table, rows in zip(tables, lookups) if rows is not None)
+    loss.backward()
+    average_sparse_gradients([t.weight for t in tables], 2)
+    torch.save([t.weight.grad.to_dense() for t in tables], f"{out_dir}/rank{rank}.pt")
 
 
 def test_sparse_gradients_are_averaged_identically_on_every_rank(tmp_path: Path) -> None:
-    torch.multiprocessing.spawn(_sparse_average_rank, args=(str(tmp_path / "store"), str(tmp_path)), nprocs=2)
+    spawn_ranks(_sparse_average_rank, tmp_path)
     rank0, rank1 = (torch.load(tmp_path / f"rank{r}.pt", weights_only=True) for r in (0, 1))
     expected = [torch.zeros(10, 3) for _ in range(3)]
     for rank, lookups in ((0, [[1, 1, 4], [0, 3], None]), (1, [[4, 9], [7], [2, 2]])):
@@ -405,31 +400,25 @@ def test_sparse_gradients_are_averaged_identically_on_every_rank(tmp_path: Path)
         assert torch.equal(got0, got1) and torch.allclose(got0, want)
 
 
-def _gather_rows_rank(rank: int, store_path: str, out_dir: str) -> None:
-    import torch.distributed as dist
-
+def _gather_rows_rank(rank: int, out_dir: str) -> None:
     from models.torchkit.distributed import gather_rows
 
-    dist.init_process_group("gloo", init_method=f"file://{store_path}", rank=rank, world_size=2)
-    try:
-        ids = torch.tensor([[3, 3, 0, 7, 1], [7, 2, 5]][rank])  # rank 1 holds fewer rows (a short last batch)
-        rows = torch.arange(len(ids) * 2, dtype=torch.float32).reshape(-1, 2) + 10 * rank - 2
-        results = {}
-        for name, bound in (("counted", None), ("bounded", 6)):
-            all_ids, all_rows = gather_rows(ids, rows, 2, bound)
-            results[name] = (all_ids, all_rows, torch.zeros(9, 2).index_add_(0, all_ids, all_rows, alpha=-0.5))
-        if rank == 0:  # refused before its first collective (rank 1 joins none here)
-            with pytest.raises(ValueError, match="5 row ids exceed max_count 4"):
-                gather_rows(ids, rows, 2, 4)
-        torch.save(results, f"{out_dir}/gather{rank}.pt")
-    finally:
-        dist.destroy_process_group()
+    ids = torch.tensor([[3, 3, 0, 7, 1], [7, 2, 5]][rank])  # rank 1 holds fewer rows (a short last batch)
+    rows = torch.arange(len(ids) * 2, dtype=torch.float32).reshape(-1, 2) + 10 * rank - 2
+    results = {}
+    for name, bound in (("counted", None), ("bounded", 6)):
+        all_ids, all_rows = gather_rows(ids, rows, 2, bound)
+        results[name] = (all_ids, all_rows, torch.zeros(9, 2).index_add_(0, all_ids, all_rows, alpha=-0.5))
+    if rank == 0:  # refused before its first collective (rank 1 joins none here)
+        with pytest.raises(ValueError, match="5 row ids exceed max_count 4"):
+            gather_rows(ids, rows, 2, 4)
+    torch.save(results, f"{out_dir}/gather{rank}.pt")
 
 
 def test_rows_gathered_against_a_bound_update_the_table_as_counted_ones(tmp_path: Path) -> None:
     """The trainer's gather pads every rank's rows to the batch's bound (row 0, zero rows) instead of exchanging
     counts first (a host sync each step on a GPU): the table update it feeds is the same."""
-    torch.multiprocessing.spawn(_gather_rows_rank, args=(str(tmp_path / "store"), str(tmp_path)), nprocs=2)
+    spawn_ranks(_gather_rows_rank, tmp_path)
     got = [torch.load(tmp_path / f"gather{r}.pt", weights_only=True) for r in (0, 1)]
     counted_ids, counted_rows, counted_table = got[0]["counted"]
     bounded_ids, bounded_rows, bounded_table = got[0]["bounded"]
