@@ -367,6 +367,34 @@ def test_corrupt_gzip_fails_without_destination(http_server, out: Path) -> None:
     assert _leftovers(out) == []
 
 
+def test_local_gz_is_read_once_into_the_decompression_without_a_part(tmp_path: Path, out: Path,
+                                                                       monkeypatch) -> None:
+    """A file:// .gz needs no .part (it only serves a resumed transfer): no second copy of the source is written,
+    a leftover .part of an earlier attempt is dropped, and a bad gzip names the source file."""
+    from tasks.core import download as module
+
+    plain = _payload()  # incompressible: the .gz spans several reads
+    packed = gzip.compress(plain)
+    src = tmp_path / "day_0.gz"
+    src.write_bytes(packed)
+    (out / "day_0.part").write_bytes(b"left by an earlier attempt")
+    fed = []
+    feed = module._StreamingGunzip.feed
+    monkeypatch.setattr(module._StreamingGunzip, "feed",
+                        lambda self, chunk: (fed.append(os.path.exists(out / "day_0.part")), feed(self, chunk)))
+    result = download(src.as_uri(), out / "day_0", expected_sha256=_sha(packed), chunk_bytes=CHUNK,
+                      allowed_file_roots=[tmp_path])
+    assert len(fed) > 1 and not any(fed)  # several reads, none with a .part on disk
+    assert (out / "day_0").read_bytes() == plain
+    assert (result.bytes, result.source_bytes, result.sha256) == (len(plain), len(packed), _sha(packed))
+    assert _leftovers(out) == ["day_0", "day_0.download.json"]
+
+    src.write_bytes(packed[: len(packed) // 2])
+    with pytest.raises(DownloadError, match=rf"corrupt or truncated gzip {re.escape(src.as_uri())} near compressed"):
+        download(src.as_uri(), out / "day_1", chunk_bytes=CHUNK, allowed_file_roots=[tmp_path])
+    assert _leftovers(out) == ["day_0", "day_0.download.json"]
+
+
 @pytest.mark.reliability
 def test_gz_interrupted_in_the_call_and_across_retries_decompresses_every_byte_once(http_server, out: Path) -> None:
     """The decompression runs while the bytes arrive: a resume in the call continues the stream, and a retry that

@@ -7,7 +7,8 @@ so a source that changed meanwhile is fetched whole, and a .part from another UR
 never glued to another file's tail. The sha256 covers the SOURCE bytes (what a published checksum refers to). A `.gz`
 source is decompressed into the destination, because Spark cannot split gzip: while it is fetched, by a thread fed the
 bytes as they are appended to the .part (a resumed .part is fed as it is re-read for its hash), so no second pass
-reads the .part after the transfer. The destination appears only complete and verified (rename); a sidecar
+reads the .part after the transfer; a local (file://) `.gz` is read once into the thread with no .part at all (a
+file read needs no resume, and the .part would be a second copy of every source byte). The destination appears only complete and verified (rename); a sidecar
 `<destination>.download.json`, written after it, lets a retry with the same source return at once without touching
 the network.
 
@@ -150,9 +151,13 @@ def download(
     fetch = functools.partial(_fetch_to_part, open_at, source_url, source.shown, part_path, max_resume_attempts,
                               limits)
     if decompress:
-        with atomic_file(destination) as out, _StreamingGunzip(out, part_path, source.shown,
+        local = source.path is not None
+        with atomic_file(destination) as out, _StreamingGunzip(out, None if local else part_path, source.shown,
                                                                limits.max_expanded) as gunzip:
-            part, resumed_from = fetch(gunzip)
+            if local:
+                part, resumed_from = _read_local(open_at, source.shown, part_path, limits, gunzip), 0
+            else:
+                part, resumed_from = fetch(gunzip)
             actual = _verified(part, expected, source.shown)
             gunzip.finish()
         _discard_part(part_path)
@@ -304,31 +309,52 @@ def _fetch_to_part(open_at: Opener, source_url: str, shown: str, path: Path, max
             body.close()
 
 
+def _read_local(open_at: Opener, shown: str, part_path: Path, limits: _Limits, gunzip: _StreamingGunzip) -> _Part:
+    """A local source read once, hashed as it is handed to `gunzip`, with no .part: the .part exists to resume an
+    interrupted transfer, and for a file it would be a second full copy, written and fsynced (~15 GB per Criteo day).
+    A read that fails is a DownloadError (the task's retry reads the file again)."""
+    _discard_part(part_path)  # one an earlier attempt left (the source was remote then) is of no use now
+    part = _Part(part_path, hashlib.sha256(), 0)
+    progress = ProgressLog(f"reading {shown}", unit="bytes", every_s=_PROGRESS_EVERY_S, logger=log)
+    limits.deadline.check(shown, 0)
+    body = open_at(0, None)
+    try:
+        _append(body, part, progress, shown, limits, gunzip, keep=False)
+    except _Interrupted as exc:
+        raise DownloadError(f"reading {shown} failed at byte {part.offset}: {exc}") from None
+    finally:
+        body.close()
+    return part
+
+
 def _append(body: _Body, part: _Part, progress: ProgressLog, shown: str, limits: _Limits,
-            gunzip: _StreamingGunzip | None) -> None:
-    """Append the body to the .part, hashing as it goes; a body shorter than announced is an interruption. Refuses
-    a source larger than the byte cap (announced or not) and stops at the deadline between any two reads."""
+            gunzip: _StreamingGunzip | None, *, keep: bool = True) -> None:
+    """Append the body to the .part (only hand it to `gunzip` when not `keep`), hashing as it goes; a body shorter
+    than announced is an interruption. Refuses a source larger than the byte cap (announced or not) and stops at the
+    deadline between any two reads."""
     if body.total is not None and body.total > limits.max_bytes:
         _discard_part(part.path)
         raise DownloadTooLarge(f"{shown} holds {body.total} bytes, more than the {limits.max_bytes} one download "
                                "may fetch (set RECFLOW_DOWNLOAD_MAX_BYTES to allow more)")
-    with open(part.path, "ab") as f:
+    with open(part.path, "ab") if keep else contextlib.nullcontext() as f:
         try:
             for chunk in body.chunks:
                 limits.deadline.check(shown, part.offset)
                 if part.offset + len(chunk) > limits.max_bytes:
-                    f.close()
+                    if f is not None:
+                        f.close()
                     _discard_part(part.path)
                     raise DownloadTooLarge(f"{shown} sent more than the {limits.max_bytes} bytes one download may "
                                            "fetch (set RECFLOW_DOWNLOAD_MAX_BYTES to allow more)")
-                f.write(chunk)
+                if f is not None:
+                    f.write(chunk)
                 part.digest.update(chunk)
                 part.offset += len(chunk)
                 if gunzip is not None:
                     gunzip.feed(chunk)
                 progress.report(part.offset, total=body.total)
         finally:
-            if not f.closed:
+            if f is not None and not f.closed:
                 f.flush()
                 os.fsync(f.fileno())  # what the .part claims to hold must be on disk before a resume trusts it
     if body.total is not None and part.offset != body.total:
@@ -401,9 +427,10 @@ class _StreamingGunzip:
     following each other; at most _GUNZIP_QUEUE_BYTES wait, then the fetch waits). A corrupt or truncated gzip, or one
     expanding past `max_expanded`, is reported by `finish`, after the transfer and its sha256 check, as when the .part
     was decompressed afterwards; a failed thread drops the rest of the bytes meanwhile. `restart` (the source is
-    fetched from byte 0 again) starts over with an empty `out`."""
+    fetched from byte 0 again) starts over with an empty `out`. `part`: the .part the bytes come from (None: a local
+    source, read without one)."""
 
-    def __init__(self, out: BinaryIO, part: Path, shown: str, max_expanded: int) -> None:
+    def __init__(self, out: BinaryIO, part: Path | None, shown: str, max_expanded: int) -> None:
         self.out, self.part, self.shown, self.max_expanded = out, part, shown, max_expanded
         self.fed = 0
         self.gathered = bytearray()  # small reads (an HTTPS read1 returns one TLS record, <= 16 KiB) not handed over
@@ -417,7 +444,7 @@ class _StreamingGunzip:
         self.aborted = threading.Event()
         self.stream = _GzipStream(self.out, self.max_expanded, f"gzip {self.shown}")
         self.error: BaseException | None = None
-        self.thread = threading.Thread(target=self._run, name=f"gunzip {self.part.name}", daemon=True)
+        self.thread = threading.Thread(target=self._run, name=f"gunzip {self.shown}", daemon=True)
         self.thread.start()
 
     def _run(self) -> None:
@@ -486,11 +513,12 @@ class _StreamingGunzip:
         self.thread.join()
         if self.error is None:
             return
-        if isinstance(self.error, (EOFError, zlib.error, NotAllowed)):
+        if self.part is not None and isinstance(self.error, (EOFError, zlib.error, NotAllowed)):
             _discard_part(self.part)  # bad bytes, or a refusal: a retry fetches afresh (an OSError keeps the .part)
         if isinstance(self.error, (EOFError, zlib.error)):
-            raise DownloadError(f"corrupt or truncated gzip {self.part} (from {self.shown}) near compressed byte "
-                                f"{self.stream.consumed}: {self.error}") from None
+            where = f"{self.part} (from {self.shown})" if self.part is not None else self.shown
+            raise DownloadError(f"corrupt or truncated gzip {where} near compressed byte {self.stream.consumed}: "
+                                f"{self.error}") from None
         raise self.error
 
     def _stop(self) -> None:
