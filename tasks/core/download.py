@@ -311,8 +311,8 @@ def _fetch_to_part(open_at: Opener, source_url: str, shown: str, path: Path, max
 
 def _read_local(open_at: Opener, shown: str, part_path: Path, limits: _Limits, gunzip: _StreamingGunzip) -> _Part:
     """A local source read once, hashed as it is handed to `gunzip`, with no .part: the .part exists to resume an
-    interrupted transfer, and for a file it would be a second full copy, written and fsynced (~15 GB per Criteo day).
-    A read that fails is a DownloadError (the task's retry reads the file again)."""
+    interrupted transfer, and for a file it would be a second full copy of the compressed source, written and
+    fsynced. A read that fails is a DownloadError (the task's retry reads the file again)."""
     _discard_part(part_path)  # one an earlier attempt left (the source was remote then) is of no use now
     part = _Part(part_path, hashlib.sha256(), 0)
     progress = ProgressLog(f"reading {shown}", unit="bytes", every_s=_PROGRESS_EVERY_S, logger=log)
