@@ -74,6 +74,7 @@ def byo_dlrm():
         from tasks.core.download import ChecksumMismatch, SourceNotFound
         from tasks.formats.feature_spec import FeatureSpecError
 
+        shared.reopen(context["run_id"])  # rebuilds what retention deletes: the run is not finished any more
         download = fail_without_retry(FeatureSpecError, NotAllowed, SourceNotFound, ChecksumMismatch)(fetch_sources)
         return download(load_settings(), context["run_id"], run, aws_conn_id=context["params"]["aws_conn_id"])
 
@@ -82,12 +83,14 @@ def byo_dlrm():
         from tasks.byo.pipeline import validate as check
         from tasks.core.validation import DataQualityError
 
+        shared.not_pruned(context["run_id"])
         return fail_without_retry(DataQualityError)(check)(load_settings(), context["run_id"], fetched)
 
     @task(**SPARK_TASK)
     def transcode(validated: dict, **context) -> dict:
         from tasks.byo.pipeline import transcode as run_transcode
 
+        shared.not_pruned(context["run_id"])
         return run_transcode(load_settings(), context["run_id"], spark_master=spark_master(),
                              engine=context["params"]["engine"])
 
@@ -95,6 +98,7 @@ def byo_dlrm():
     def validate_dataset(dataset: dict, **context) -> dict:
         from tasks.byo.pipeline import DatasetInvalid, run_paths, validate_dataset as check
 
+        shared.not_pruned(context["run_id"])
         return fail_without_retry(DatasetInvalid)(check)(run_paths(load_settings(), context["run_id"]).dataset)
 
     run = shared.resolve_run()

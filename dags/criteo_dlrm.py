@@ -105,6 +105,7 @@ def criteo_dlrm():
         from tasks.criteo.dlrm import run_paths
         from tasks.criteo.preprocess import transform_dataset
 
+        shared.reopen(context["run_id"])  # rebuilds what retention deletes: the run is not finished any more
         settings = load_settings()
         paths = run_paths(settings, context["run_id"])
         return transform_dataset(settings, paths.dataset, paths.dictionary, run["train_days"], run["test_day"],
@@ -116,6 +117,7 @@ def criteo_dlrm():
         from tasks.criteo.preprocess import DatasetInvalid, validate_dataset as check
         from tasks.dagkit import fail_without_retry
 
+        shared.not_pruned(context["run_id"])
         return fail_without_retry(DatasetInvalid)(check)(run_paths(load_settings(), context["run_id"]).dataset)
 
     @task(**MODEL_TASK)

@@ -123,6 +123,27 @@ def test_a_run_cleared_since_it_finished_keeps_its_dataset_and_counts_as_new_whe
         check_not_pruned(settings, PIPELINE, RunPaths, "a")
 
 
+def test_a_run_cleared_from_its_rebuilding_task_is_not_finished_until_it_ends_well_again(tmp_path):
+    """reopen (first in `transform`): the cleared run neither takes a kept slot with its old time while it reruns
+    nor is refused by its later tasks once its dataset is rebuilt; cleared from a later task, it is refused."""
+    from tasks.release.runs import RunPruned, check_not_pruned, reopen
+
+    settings = Settings(data_root=tmp_path, keep_run_datasets=2)
+    runs = {name: make_run(tmp_path, name, t) for name, t in (("a", 1.0), ("b", 2.0), ("c", 3.0))}
+    prune(settings, PIPELINE, RunPaths, "c", SUCCESS)  # c finished again (time now): a's dataset goes
+    assert not runs["a"].dataset.exists()
+    with pytest.raises(RunPruned, match="clear the run from `transform`"):
+        check_not_pruned(settings, PIPELINE, RunPaths, "a")  # cleared from validate_dataset or train
+
+    reopen(settings, PIPELINE, RunPaths, "c")  # c cleared from transform: rerunning, not finished
+    reopen(settings, PIPELINE, RunPaths, "a")  # a cleared from transform: the dataset is being rebuilt
+    check_not_pruned(settings, PIPELINE, RunPaths, "a")
+    make_run(tmp_path, "d", None)
+    result = prune(settings, PIPELINE, RunPaths, "d", SUCCESS)
+    assert result["kept"] == ["d", "b"] and result["deleted"] == []  # c's old time takes no slot: b keeps its data
+    assert runs["c"].dataset.is_dir()  # and nothing of c goes while it reruns
+
+
 def test_an_output_that_cannot_be_deleted_is_a_warning_and_a_link_goes_alone(tmp_path, monkeypatch, caplog):
     import os
     import shutil

@@ -27,6 +27,8 @@ class TrainingTasks:
     gate: Any
     publish: Any
     prune: Any
+    reopen: Callable[[str], None]  # called first by the task that rebuilds a run's pruned outputs (rebuilt_by)
+    not_pruned: Callable[[str], None]  # called first by the tasks after that one, and by the shared ones
 
 
 def _not_found(exc: BaseException) -> bool:
@@ -76,6 +78,12 @@ def training_tasks(steps_module: str, *, record_failure: Callable[[dict], None],
 
         pipeline = spec()
         fail_without_retry(RunPruned)(check_not_pruned)(settings(), pipeline.name, pipeline.paths, run_id)
+
+    def reopen(run_id: str) -> None:
+        from tasks.release.runs import reopen as reopen_run
+
+        pipeline = spec()
+        reopen_run(settings(), pipeline.name, pipeline.paths, run_id)
 
     @task.short_circuit
     def resolve_run(**context) -> dict | None:
@@ -146,7 +154,7 @@ def training_tasks(steps_module: str, *, record_failure: Callable[[dict], None],
         return prune_runs(settings(), pipeline.name, pipeline.paths, context["run_id"], run_state)
 
     return TrainingTasks(resolve_run=resolve_run, train=train, evaluate=evaluate, gate=gate, publish=publish,
-                         prune=prune)
+                         prune=prune, reopen=reopen, not_pruned=not_pruned)
 
 
 def snapshot_params(param: str, snapshot_of_run: Callable[[dict], str | None]) -> Callable[[dict], dict]:

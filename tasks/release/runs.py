@@ -68,7 +68,7 @@ class RunPaths:
         that manifest before anything, so a run whose last output lacks it was (partly) pruned."""
         return ()
 
-    rebuilt_by = ""  # the task that writes the first of `rebuildable` (a pruned run is cleared from it)
+    rebuilt_by = ""  # the task that writes the first of `rebuildable` (a pruned run is cleared from it; it reopens)
 
 
 FINISHED = "_FINISHED.json"  # in a run's folder: written by its last task (prune) each time the run ends well
@@ -165,6 +165,13 @@ def check_not_pruned(settings: Settings, pipeline: str, paths_of: Callable[[Path
         raise RunPruned(f"run {run_id} finished earlier and retention deleted its {', '.join(missing)} "
                         f"(RECFLOW_KEEP_RUN_DATASETS={settings.keep_run_datasets}): clear the run from "
                         f"`{paths.rebuilt_by}` (with its downstream tasks) to rebuild them")
+
+
+def reopen(settings: Settings, pipeline: str, paths_of: Callable[[Path], RunPaths], run_id: str) -> None:
+    """Called first by the task that rebuilds a run's rebuildable outputs (`RunPaths.rebuilt_by`): a run cleared
+    from there is not finished any more until it ends well again. Its marker goes, so retention neither counts it
+    among the finished runs while it reruns (it took a kept slot with its old time) nor refuses its later tasks."""
+    (paths_of(run_dir(settings.data_root, pipeline, run_id)).root / FINISHED).unlink(missing_ok=True)
 
 
 def run_paths(settings: Settings, pipeline: str, run_id: str) -> RunPaths:
