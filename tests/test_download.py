@@ -389,10 +389,12 @@ def test_local_gz_is_read_once_into_the_decompression_without_a_part(tmp_path: P
     assert (result.bytes, result.source_bytes, result.sha256) == (len(plain), len(packed), _sha(packed))
     assert _leftovers(out) == ["day_0", "day_0.download.json"]
 
-    src.write_bytes(packed[: len(packed) // 2])
-    with pytest.raises(DownloadError, match=rf"corrupt or truncated gzip {re.escape(src.as_uri())} near compressed"):
-        download(src.as_uri(), out / "day_1", chunk_bytes=CHUNK, allowed_file_roots=[tmp_path])
-    assert _leftovers(out) == ["day_0", "day_0.download.json"]
+    for bad in (packed[: len(packed) // 2], b"not a gzip header" + _payload(4 << 20)):  # found at the end / start
+        src.write_bytes(bad)
+        with pytest.raises(DownloadError,
+                           match=rf"corrupt or truncated gzip {re.escape(src.as_uri())} near compressed"):
+            download(src.as_uri(), out / "day_1", chunk_bytes=CHUNK, allowed_file_roots=[tmp_path])
+        assert _leftovers(out) == ["day_0", "day_0.download.json"]
 
 
 @pytest.mark.reliability

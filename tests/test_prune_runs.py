@@ -137,11 +137,22 @@ def test_a_run_cleared_from_its_rebuilding_task_is_not_finished_until_it_ends_we
 
     reopen(settings, PIPELINE, RunPaths, "c")  # c cleared from transform: rerunning, not finished
     reopen(settings, PIPELINE, RunPaths, "a")  # a cleared from transform: the dataset is being rebuilt
+    reopen(settings, PIPELINE, RunPaths, "a")  # (a retry of that transform)
     check_not_pruned(settings, PIPELINE, RunPaths, "a")
     make_run(tmp_path, "d", None)
-    result = prune(settings, PIPELINE, RunPaths, "d", SUCCESS)
+    rerunning = {"a": "running", "c": "running"}
+    result = prune(settings, PIPELINE, RunPaths, "d", lambda run: rerunning.get(run, "success"))
     assert result["kept"] == ["d", "b"] and result["deleted"] == []  # c's old time takes no slot: b keeps its data
     assert runs["c"].dataset.is_dir()  # and nothing of c goes while it reruns
+
+    # a's rerun rebuilds its dataset and ends well: its prune makes it the newest. c's transform alone was cleared
+    # (no downstream tasks) and the run is `success` again without a prune of its own: its dataset goes as an older
+    # finished run's would, unless every dataset is kept.
+    (runs["a"].dataset / "train").mkdir(parents=True)
+    write_manifest(runs["a"].dataset, Manifest(kind="dataset", inputs={"run": "a"}, rows={"train": 1000}))
+    assert prune(Settings(data_root=tmp_path, keep_run_datasets=0), PIPELINE, RunPaths, "a", SUCCESS)["deleted"] == []
+    result = prune(settings, PIPELINE, RunPaths, "a", SUCCESS)
+    assert result["kept"] == ["a", "d"] and sorted(result["deleted"]) == sorted(str(runs[n].dataset) for n in "bc")
 
 
 def test_an_output_that_cannot_be_deleted_is_a_warning_and_a_link_goes_alone(tmp_path, monkeypatch, caplog):
@@ -195,3 +206,34 @@ def test_a_404_of_the_execution_api_reads_as_absent_in_either_shape():
     assert not _not_found(runtime_error(404, "Not Found")) and not _not_found(ClientError(404, "Not Found"))
     assert not _not_found(runtime_error(500, route)) and not _not_found(ClientError(503, route))
     assert not _not_found(ConnectionRefusedError(111, "Connection refused"))
+
+
+def test_the_dags_reopen_in_the_rebuilding_task_and_refuse_a_pruned_run_in_the_tasks_between(tmp_path, monkeypatch):
+    """The wiring, task by task (each task's callable, as a worker calls it): criteo's `transform` and byo's `fetch`
+    reopen the run first, whatever they do next; the tasks between them and train refuse a pruned run with the
+    retention line, without retry."""
+    from airflow.dag_processing.dagbag import DagBag
+    from airflow.sdk.exceptions import AirflowFailException
+
+    from tests.conftest import REPO
+
+    monkeypatch.setenv("RECFLOW_DATA_ROOT", str(tmp_path))
+    bag = DagBag(dag_folder=str(REPO / "dags"))
+    for pipeline, between, rebuilding, call, then in (
+            ("criteo_dlrm", ["validate_dataset"], "transform",
+             lambda fn: fn({"knobs": {"seed": 1}, "train_days": [0], "test_day": 1}, {}, run_id="r1"),
+             "no completed dictionary"),
+            ("byo_dlrm", ["validate", "transcode", "validate_dataset"], "fetch",
+             lambda fn: fn({}, run_id="r1", params={"aws_conn_id": None}), "spec_uri")):
+        dag, root = bag.dags[pipeline], run_dir(tmp_path, pipeline, "r1")
+        root.mkdir(parents=True)
+        (root / FINISHED).write_text(json.dumps({"run_id": "r1", "finished_at": 1.0}))  # finished, then pruned
+        for name in between:
+            with pytest.raises(AirflowFailException, match=f"RunPruned: run r1 finished earlier .* from `{rebuilding}`"):
+                dag.get_task(name).python_callable({}, run_id="r1", params={"engine": "arrow"})
+        with pytest.raises(Exception, match=then):  # what the task does after reopening fails here (no inputs)
+            call(dag.get_task(rebuilding).python_callable)
+        assert not (root / FINISHED).exists() and (root / "_REOPENED.json").is_file()
+        with pytest.raises(Exception) as own_check:  # reopened: the next task's own check speaks, not retention
+            dag.get_task(between[-1]).python_callable({}, run_id="r1", params={"engine": "arrow"})
+        assert "RunPruned" not in str(own_check.value)

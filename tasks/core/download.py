@@ -312,7 +312,8 @@ def _fetch_to_part(open_at: Opener, source_url: str, shown: str, path: Path, max
 def _read_local(open_at: Opener, shown: str, part_path: Path, limits: _Limits, gunzip: _StreamingGunzip) -> _Part:
     """A local source read once, hashed as it is handed to `gunzip`, with no .part: the .part exists to resume an
     interrupted transfer, and for a file it would be a second full copy of the compressed source, written and
-    fsynced. A read that fails is a DownloadError (the task's retry reads the file again)."""
+    fsynced. A read that fails is a DownloadError (the task's retry reads the file again, from its start); a gzip
+    the thread finds bad (or cannot write out) stops the read there, since no .part is being kept."""
     _discard_part(part_path)  # one an earlier attempt left (the source was remote then) is of no use now
     part = _Part(part_path, hashlib.sha256(), 0)
     progress = ProgressLog(f"reading {shown}", unit="bytes", every_s=_PROGRESS_EVERY_S, logger=log)
@@ -320,6 +321,8 @@ def _read_local(open_at: Opener, shown: str, part_path: Path, limits: _Limits, g
     body = open_at(0, None)
     try:
         _append(body, part, progress, shown, limits, gunzip, keep=False)
+        if gunzip.failed:
+            gunzip.finish()  # raises what the thread found
     except _Interrupted as exc:
         raise DownloadError(f"reading {shown} failed at byte {part.offset}: {exc}") from None
     finally:
@@ -329,8 +332,8 @@ def _read_local(open_at: Opener, shown: str, part_path: Path, limits: _Limits, g
 
 def _append(body: _Body, part: _Part, progress: ProgressLog, shown: str, limits: _Limits,
             gunzip: _StreamingGunzip | None, *, keep: bool = True) -> None:
-    """Append the body to the .part (only hand it to `gunzip` when not `keep`), hashing as it goes; a body shorter
-    than announced is an interruption. Refuses a source larger than the byte cap (announced or not) and stops at the
+    """Append the body to the .part, hashing as it goes and handing it to `gunzip` (if any); with `keep` False no
+    .part is written, and the read stops once `gunzip` has failed. A body shorter than announced is an interruption. Refuses a source larger than the byte cap (announced or not) and stops at the
     deadline between any two reads."""
     if body.total is not None and body.total > limits.max_bytes:
         _discard_part(part.path)
@@ -348,6 +351,8 @@ def _append(body: _Body, part: _Part, progress: ProgressLog, shown: str, limits:
                                            "fetch (set RECFLOW_DOWNLOAD_MAX_BYTES to allow more)")
                 if f is not None:
                     f.write(chunk)
+                elif gunzip is not None and gunzip.failed:
+                    return  # nothing is kept: the rest of the source need not be read
                 part.digest.update(chunk)
                 part.offset += len(chunk)
                 if gunzip is not None:
@@ -496,6 +501,11 @@ class _StreamingGunzip:
         for at in range(0, whole, _GUNZIP_HANDOVER_BYTES):
             self._hand_over(view[at:at + _GUNZIP_HANDOVER_BYTES])
         self.gathered += view[whole:]
+
+    @property
+    def failed(self) -> bool:
+        """The thread stopped on an error (reported by `finish`)."""
+        return self.error is not None
 
     def restart(self) -> None:
         if self.fed:

@@ -72,6 +72,7 @@ class RunPaths:
 
 
 FINISHED = "_FINISHED.json"  # in a run's folder: written by its last task (prune) each time the run ends well
+REOPENED = "_REOPENED.json"  # FINISHED renamed by `reopen`: the run was cleared from its rebuilding task
 
 
 class RunPruned(RuntimeError):
@@ -87,7 +88,9 @@ def prune(settings: Settings, pipeline: str, paths_of: Callable[[Path], RunPaths
     say): a run cleared since it finished (running again, or failed and waiting for its retry) keeps everything, and
     so does a folder no DAG run finished (the CLI's `cli__...`). Each dataset loses its manifest first, so one half
     deleted by a killed prune is never taken as complete (a retry deletes the rest); an output that cannot be deleted
-    is a warning, not a failed run."""
+    is a warning, not a failed run. A reopened run (`reopen`) takes no kept place: its outputs go as an older
+    finished run's do, by Airflow's word (while it reruns, never; a run whose rebuilding task alone was cleared, and
+    succeeded, has no prune of its own to finish it again)."""
     import json
     import time
 
@@ -95,17 +98,18 @@ def prune(settings: Settings, pipeline: str, paths_of: Callable[[Path], RunPaths
 
     own = paths_of(run_dir(settings.data_root, pipeline, run_id))
     write_text_atomic(own.root / FINISHED, json.dumps({"run_id": run_id, "finished_at": time.time()}))
-    finished = []
+    (own.root / REOPENED).unlink(missing_ok=True)
+    finished, reopened = [], []
     for folder in own.root.parent.iterdir():
-        try:
-            record = json.loads((folder / FINISHED).read_text())
-            finished.append((float(record["finished_at"]), folder.name, str(record["run_id"])))
-        except (OSError, ValueError, KeyError, TypeError):
-            continue  # not finished (or not a run folder)
+        if (record := _marker(folder, FINISHED)) is not None:
+            finished.append(record)
+        elif (record := _marker(folder, REOPENED)) is not None:
+            reopened.append(record)
     finished.sort(reverse=True)  # by the clock of the workers that finished them
     kept = [name for _, name, _ in finished[:settings.keep_run_datasets or len(finished)]]
+    older = finished[len(kept):] + (sorted(reopened, reverse=True) if settings.keep_run_datasets else [])
     deleted, freed = [], 0
-    for _, name, older_run in finished[len(kept):]:
+    for _, name, older_run in older:
         paths = [path for path in paths_of(own.root.parent / name).rebuildable if os.path.lexists(path)]
         if not paths:
             continue
@@ -123,6 +127,17 @@ def prune(settings: Settings, pipeline: str, paths_of: Callable[[Path], RunPaths
              "deleted, %.1f GB freed", pipeline, len(kept), ", ".join(kept), settings.keep_run_datasets,
              len(deleted), freed / 1e9)
     return {"kept": kept, "deleted": deleted, "freed_bytes": freed}
+
+
+def _marker(folder: Path, name: str) -> tuple[float, str, str] | None:
+    """(finish time, folder name, run id) from a run folder's marker `name`; None without one (or not a run)."""
+    import json
+
+    try:
+        record = json.loads((folder / name).read_text())
+        return float(record["finished_at"]), folder.name, str(record["run_id"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
 
 
 def _delete_output(path: Path) -> int | None:
@@ -169,9 +184,12 @@ def check_not_pruned(settings: Settings, pipeline: str, paths_of: Callable[[Path
 
 def reopen(settings: Settings, pipeline: str, paths_of: Callable[[Path], RunPaths], run_id: str) -> None:
     """Called first by the task that rebuilds a run's rebuildable outputs (`RunPaths.rebuilt_by`): a run cleared
-    from there is not finished any more until it ends well again. Its marker goes, so retention neither counts it
-    among the finished runs while it reruns (it took a kept slot with its old time) nor refuses its later tasks."""
-    (paths_of(run_dir(settings.data_root, pipeline, run_id)).root / FINISHED).unlink(missing_ok=True)
+    from there is not finished until its prune runs again. Its marker is renamed REOPENED, so retention neither
+    keeps a place for it (it took one with its old time while it reran) nor refuses its later tasks, yet still
+    deletes its outputs once Airflow says the run ended (prune). Nothing to do in a run that never finished."""
+    root = paths_of(run_dir(settings.data_root, pipeline, run_id)).root
+    with contextlib.suppress(FileNotFoundError):
+        os.replace(root / FINISHED, root / REOPENED)
 
 
 def run_paths(settings: Settings, pipeline: str, run_id: str) -> RunPaths:
