@@ -334,6 +334,24 @@ def test_fast_parse_decides_exactly_as_the_row_rules(channels):
     assert decided >= 4  # the fast path took part (it declines whatever its bytes cannot prove)
 
 
+@pytest.mark.parametrize("channels, block", [
+    (("label",), b"1\n0\n\n1\n10\n"),  # an empty line, then "10": as many bytes as five one-digit lines
+    (("label",), b"1\n,\n0\n"),
+    (("categorical",), b"1,2\n0,\n3\n,\n"),  # one id a line declared: a line of two fields is bad, not "12"
+])
+def test_fast_parse_decides_each_line_of_a_block_as_the_row_rules(channels, block):
+    """Blocks whose shape only a multi-line view shows (the single-line cases above cannot)."""
+    from tasks.byo.spec import CsvChunk
+
+    chunk = CsvChunk("train", 0, "x.csv", ("f0",), channels)
+    count = block.count(b"\n")
+    exact, fast = _exact_parse(chunk, block, count), _fast_parse(chunk, block, count)
+    if fast is not None:
+        assert fast.ok.tolist() == exact.ok.tolist()
+        assert (fast.values["f0"][exact.ok] == exact.values["f0"][exact.ok]).all()
+    assert not exact.ok.all()
+
+
 def test_line_reader_takes_whole_lines_and_skips_an_overlong_one(tmp_path, monkeypatch):
     monkeypatch.setattr(transcode_arrow, "READ_BYTES", 300)  # the long line spans reads: memory stays bounded
     path = tmp_path / "x.csv.gz"

@@ -151,11 +151,11 @@ def _fast_parse(chunk: CsvChunk, block: bytes, count: int) -> ParsedLines | None
     if block.translate(None, _NUMBER_BYTES if numbers_only else _ID_BYTES):
         return None
     arr = np.frombuffer(block, np.uint8)
-    if chunk.channels == (LABEL_CHANNEL,) and len(block) == 2 * count:  # the label alone: one digit a line
-        digits = arr[0::2] - _DIGIT_0
+    if chunk.channels == (LABEL_CHANNEL,) and len(block) == 2 * count and (arr[1::2] == _NEWLINE).all():
+        digits = arr[0::2] - _DIGIT_0  # the label alone, one byte a line (an empty line or "10" shifts the pairs)
         return ParsedLines(digits <= 1, {chunk.features[0]: digits.astype(np.float64)})
-    if chunk.channels == (CATEGORICAL_CHANNEL,):  # one id a line: its digits summed straight from the bytes
-        return _parse_id_lines(chunk.features[0], arr, count)
+    if chunk.channels == (CATEGORICAL_CHANNEL,) and b"," not in block:  # one id a line, two fields none
+        return _parse_id_lines(chunk.features[0], arr, count)  # its digits summed straight from the bytes
     if not numbers_only and np.diff(np.flatnonzero(arr < _DIGIT_0), prepend=-1).max() > MAX_ID_DIGITS + 1:
         return None  # a field of more than 18 digits (only digits and separators are left: separators < '0')
     if numbers_only and (b"e" in block or b"E" in block) and _long_exponent(arr):
