@@ -17,11 +17,15 @@ TORCHREC := torchrec==1.8.0
 # The one known `pip check` line that follows from that; any other line fails the build.
 PIP_CHECK_KNOWN := torchrec 1.8.0 requires fbgemm-gpu, which is not installed.
 
-# torch first (the CPU wheel on disk), so nothing pulls a multi-GB CUDA build; then the pinned lock.
+# torch first, the CPU build the lock pins (torch==2.13.0+cpu), so nothing pulls a multi-GB CUDA build; then the
+# pinned lock. PyPI has no +cpu wheel: where pip's own configuration finds none (a wheel on disk, a mirror), it comes
+# from PyTorch's CPU index (TORCH_INDEX). Asked only then: an index pip cannot reach costs a minute of retries.
+TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
 $(STAMP): requirements.txt pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --disable-pip-version-check "pip<26.3"
-	$(PY) -m pip install --quiet --disable-pip-version-check torch==2.13.0
+	$(PY) -m pip install --quiet --disable-pip-version-check torch==2.13.0+cpu 2>/dev/null \
+	  || $(PY) -m pip install --quiet --disable-pip-version-check --extra-index-url $(TORCH_INDEX) torch==2.13.0+cpu
 	$(PY) -m pip install --quiet --disable-pip-version-check -r requirements.txt
 	$(PY) -m pip install --quiet --disable-pip-version-check --no-deps $(TORCHREC)
 	$(PY) -m pip install --quiet --disable-pip-version-check --no-deps --no-build-isolation -e .
