@@ -89,10 +89,14 @@ def byo_dlrm():
     @task(**SPARK_TASK)
     def transcode(validated: dict, **context) -> dict:
         from tasks.byo.pipeline import transcode as run_transcode
+        from tasks.core.validation import DataQualityError
+        from tasks.formats.feature_spec import FeatureSpecError
 
         shared.not_pruned(context["run_id"])
-        return run_transcode(load_settings(), context["run_id"], spark_master=spark_master(),
-                             engine=context["params"]["engine"])
+        # What the data holds (an id past its declared cardinality, a damaged file): a retry reads the same bytes.
+        refused = fail_without_retry(FeatureSpecError, DataQualityError)(run_transcode)
+        return refused(load_settings(), context["run_id"], spark_master=spark_master(),
+                       engine=context["params"]["engine"])
 
     @task
     def validate_dataset(dataset: dict, **context) -> dict:

@@ -13,7 +13,7 @@ import logging
 import time
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote
+from urllib.parse import quote, urlsplit
 
 from tasks.core.config import NotAllowed, Settings
 from tasks.core.download_sources import DownloadError
@@ -127,11 +127,19 @@ def fetch_sources(settings: Settings, run_id: str, run: dict[str, Any], *, aws_c
     spec = load_csv_spec(paths.source / SPEC_FILE)
     files = {}
     for rel in source_files(spec):
-        result = download(f"{run['data_uri']}/{quote(rel)}", paths.source / rel, decompress=False,
+        result = download(data_file_url(run["data_uri"], rel), paths.source / rel, decompress=False,
                           s3_client=s3_client, **allowed)
         files[rel] = result.sha256
     log.info("fetched the spec and %d CSV files into %s", len(files), paths.source)
     return {"path": str(paths.source), "spec_sha256": spec_result.sha256, "files": files}
+
+
+def data_file_url(base: str, rel: str) -> str:
+    """The URL of the data file the spec names `rel`, under `base`: percent-encoded where the scheme's path is
+    decoded (http(s), file://), verbatim where it is not (an S3 key, which may hold '=' or spaces: Hive-style
+    folders; a plain path)."""
+    scheme = urlsplit(base).scheme.lower()
+    return f"{base}/{quote(rel) if scheme in ('http', 'https', 'file') else rel}"
 
 
 def validate(settings: Settings, run_id: str, fetched: dict[str, Any]) -> dict[str, Any]:

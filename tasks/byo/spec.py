@@ -43,6 +43,7 @@ RULE_TEXT = {
     LABEL_CHANNEL: "is not 0 or 1",
 }
 MAX_SPEC_BYTES = 1 << 20      # a spec file; NVIDIA's Criteo spec is 6 KB
+MAX_CARDINALITY = int(np.iinfo(np.int32).max) - 1  # the split-binary ids are int32 at most (feature_spec's dtypes)
 MAX_SPEC_NODES = 100_000      # YAML nodes with aliases expanded (~10,000 features)
 MAX_SPEC_CHARS = 4 << 20      # scalar characters with aliases expanded
 SHOWN_CHARS = 200             # a value quoted in an error line
@@ -194,8 +195,8 @@ def _check_features(spec: FeatureSpec) -> None:
             continue
         if not isinstance(card, int) or isinstance(card, bool) or card <= 0:
             raise FeatureSpecError(f"{where}: cardinality {shown(card)} is not a positive integer or 'auto'")
-        if card > np.iinfo(np.int32).max - 1:
-            raise FeatureSpecError(f"{where}: cardinality {card} is too big for int32 ids (max 2147483646)")
+        if card > MAX_CARDINALITY:
+            raise FeatureSpecError(f"{where}: cardinality {card} is too big for int32 ids (max {MAX_CARDINALITY})")
 
 
 def _check_mapping(spec: FeatureSpec, mapping: str) -> None:

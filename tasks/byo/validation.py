@@ -4,9 +4,11 @@ quarantined, the bad-row budget enforced, a Great Expectations report kept (task
 Row rules (tasks/byo/spec.py, the same the Spark transcode applies): the line has one field per feature of its
 chunk; a categorical is a non-negative integer id; a numerical is a number whose magnitude fits float16; the label
 is 0 or 1. A bad row is quarantined (the transcode drops that row from every file of the mapping) and counts
-against the budget. Whole-dataset rules fail at once, whatever the budget: the files of a mapping must have the
-same number of lines (row k is line k of each), a file must not be empty, and an id at or above a declared
-cardinality fails naming its file, line and column (NVIDIA's transcode asserts the same).
+against the budget, which holds for each mapping (train, test) on its own. Whole-dataset rules fail at once,
+whatever the budget: the files of a mapping must have the same number of lines (row k is line k of each), a file
+must not be empty, an id at or above a declared cardinality fails naming its file, line and column (NVIDIA's
+transcode asserts the same), and so does an id past what an 'auto' cardinality can hold (int32 ids); a mapping whose
+good rows hold one label value fails after the pass (training and AUC need both).
 
 Output directory: quarantine.jsonl, report.json, and _MANIFEST.json only when the files passed.
 """
@@ -26,8 +28,8 @@ import numpy as np
 from tasks.byo.contract import COMPRESSED_SUFFIXES, MAX_LINE_BYTES, BlockLines, open_csv
 from tasks.byo.contract import column_bad as _column_bad
 from tasks.byo.contract import parse_block as _parse_block
-from tasks.byo.spec import (CATEGORICAL_CHANNEL, FLOAT16_MAX, MAPPINGS, NUMERICAL_CHANNEL, PATTERNS,
-                            RULE_TEXT, CsvChunk, csv_chunks, declared_cardinalities)
+from tasks.byo.spec import (CATEGORICAL_CHANNEL, FLOAT16_MAX, LABEL_CHANNEL, MAPPINGS, MAX_CARDINALITY,
+                            NUMERICAL_CHANNEL, PATTERNS, RULE_TEXT, CsvChunk, csv_chunks, declared_cardinalities)
 from tasks.core.progress import ProgressLog
 from tasks.core.storage import Manifest, atomic_directory, write_manifest, write_text_atomic
 from tasks.core.validation import (DataQualityError, Quarantine, budget_failure, display_text, gx_section,
@@ -77,6 +79,7 @@ class _FileChecker:
         self.evidence: list[list[str]] = []
         self.lines = 0
         self.bad_lines: set[int] = set()
+        self.labels: set[float] = set()  # label values of the file's good rows
 
     def run(self, block_bytes: int, progress: ProgressLog) -> FileResult:
         opener = functools.partial(open_csv, name=self.name)
@@ -122,12 +125,17 @@ class _FileChecker:
             return
         table = _parse_block(lines.keep(block, good), self.chunk.features)
         bad_columns = np.zeros((len(rows), expected), dtype=bool)
+        labels = []
         for index, (name, channel) in enumerate(zip(self.chunk.features, self.chunk.channels)):
             column = table.column(index)
             bad, values = _column_bad(column.combine_chunks(), channel)
             bad_columns[:, index] = bad
             if channel == CATEGORICAL_CHANNEL and (~bad).any():
                 self._check_ids(first_line, rows, index, name, values, bad, column)
+            elif channel == LABEL_CHANNEL:
+                labels.append(values)
+        for values in labels:
+            self.labels.update(np.unique(values[~bad_columns.any(axis=1)]).tolist())
         if len(self.evidence) < EVIDENCE_ROWS:
             take = min(EVIDENCE_ROWS - len(self.evidence), table.num_rows)
             self.evidence += [list(r) for r in zip(*(table.column(i).slice(0, take).to_pylist()
@@ -147,14 +155,15 @@ class _FileChecker:
         ids = np.where(bad, -1, values)
         self.max_ids[name] = max(self.max_ids[name], int(ids.max()))
         card = self.cards[name]
-        if card is None:
-            return
-        over = np.flatnonzero(ids >= card)
+        over = np.flatnonzero(ids >= (card if card is not None else MAX_CARDINALITY))
         if len(over):
             row = int(over[0])
-            raise DataQualityError(f"{self.name} line {first_line + int(rows[row])} column {index + 1} ({name}): id "
-                                   f"{column[row].as_py()} >= declared cardinality {card} (declare a larger "
-                                   "cardinality or 'auto')")
+            where = f"{self.name} line {first_line + int(rows[row])} column {index + 1} ({name})"
+            if card is None:  # 'auto' would be max id + 1: past what an int32 id holds, found after a whole pass
+                raise DataQualityError(f"{where}: id {column[row].as_py()} is too big for an 'auto' cardinality "
+                                       f"(ids up to {MAX_CARDINALITY - 1}, int32): map the ids to 0 .. n-1 first")
+            raise DataQualityError(f"{where}: id {column[row].as_py()} >= declared cardinality {card} (declare a "
+                                   "larger cardinality or 'auto')")
 
 
 LONG_LINE_RULE = f"line longer than {MAX_LINE_BYTES} bytes"
@@ -188,13 +197,17 @@ def validate_csvs(spec: FeatureSpec, source_dir: Path, out: Path, *, inputs: dic
     with atomic_directory(out) as tmp:
         quarantine = Quarantine(tmp / "quarantine.jsonl")
         try:
-            rows, bad_rows, first_bad, max_ids = _check_mappings(spec, source_dir, cards, quarantine, block_bytes,
-                                                                 progress, files, evidence)
+            rows, bad_rows, first_bad, max_ids, labels = _check_mappings(spec, source_dir, cards, quarantine,
+                                                                         block_bytes, progress, files, evidence)
         finally:
             quarantine.close()
         total, bad = sum(rows.values()), sum(bad_rows.values())
-        failure = budget_failure(first_bad, bad, total, budget, out)
-        report = _report(files, rows, bad, total, budget, first_bad, evidence, time.monotonic() - started)
+        # The budget holds per mapping: a small test set is not let through on the train set's good rows.
+        failure = next((f for m in MAPPINGS if (f := budget_failure(first_bad.get(m), bad_rows[m], rows[m], budget,
+                                                                    out)) is not None), None)
+        failure = failure or _one_class(labels, rows, bad_rows)
+        first = next((first_bad[m] for m in MAPPINGS if m in first_bad), None)
+        report = _report(files, rows, bad, total, budget, first, evidence, time.monotonic() - started)
         write_text_atomic(tmp / "report.json", json.dumps(report, indent=2, default=str))
         if failure is None:
             write_manifest(tmp, Manifest(kind="byo_validated_csv", inputs=inputs, rows=rows,
@@ -207,11 +220,13 @@ def validate_csvs(spec: FeatureSpec, source_dir: Path, out: Path, *, inputs: dic
 
 def _check_mappings(spec: FeatureSpec, source_dir: Path, cards: dict[str, int | None], quarantine: Quarantine,
                     block_bytes: int, progress: ProgressLog, files: dict[str, dict[str, Any]], evidence: dict):
-    """(lines per mapping, distinct bad rows per mapping, the first bad row's line, largest id per categorical)."""
+    """(lines per mapping, distinct bad rows per mapping, the first bad row's line per mapping, largest id per
+    categorical, the label values of each mapping's good rows)."""
     rows: dict[str, int] = {}
     bad_rows: dict[str, int] = {}
     max_ids = {name: -1 for name in cards}
-    first_bad = None
+    first_bad: dict[str, str] = {}
+    labels: dict[str, set[float]] = {}
     for mapping in MAPPINGS:
         counts: dict[str, int] = {}
         bad_lines: set[int] = set()  # a row bad in any file of the mapping is dropped from all of them
@@ -225,8 +240,10 @@ def _check_mappings(spec: FeatureSpec, source_dir: Path, cards: dict[str, int | 
             bad_lines |= checker.bad_lines
             files[chunk.file] = {"mapping": mapping, "lines": result.lines, "bad": result.bad,
                                  "reasons": quarantine.reasons_in(chunk.file)}
-            if first_bad is None and chunk.file in quarantine.first:
-                first_bad = quarantine.first[chunk.file].describe(chunk.file)
+            if mapping not in first_bad and chunk.file in quarantine.first:
+                first_bad[mapping] = quarantine.first[chunk.file].describe(chunk.file)
+            if LABEL_CHANNEL in chunk.channels:
+                labels.setdefault(mapping, set()).update(checker.labels)
             for name, value in result.max_ids.items():
                 max_ids[name] = max(max_ids[name], value)
             evidence[chunk.file] = (chunk, checker.evidence, quarantine.evidence.get(chunk.file, []))
@@ -236,7 +253,18 @@ def _check_mappings(spec: FeatureSpec, source_dir: Path, cards: dict[str, int | 
                                    f"{m} (source_spec.{mapping}: line k of every file is row k)")
         rows[mapping] = next(iter(counts.values()))
         bad_rows[mapping] = len(bad_lines)
-    return rows, bad_rows, first_bad, max_ids
+    return rows, bad_rows, first_bad, max_ids, labels
+
+
+def _one_class(labels: dict[str, set[float]], rows: dict[str, int], bad_rows: dict[str, int]) -> str | None:
+    """The one-line error of a mapping whose good rows hold one label value (or none), else None: a model learns
+    nothing from one class, and AUC (evaluate, the gate) is undefined on one; found here, not after training."""
+    for mapping, seen in labels.items():
+        if len(seen) < 2:
+            held = f"every good row's label is {int(next(iter(seen)))}" if seen else "no good row"
+            return (f"source_spec.{mapping}: {held} ({rows[mapping]} lines, {bad_rows[mapping]} bad): training and "
+                    "its AUC need rows of both labels, 0 and 1")
+    return None
 
 
 def _evidence_frame(chunk: CsvChunk, good: list[list[str]], bad: list[tuple[int, bytes]]):
