@@ -138,6 +138,6 @@ def figures(data: IngestData) -> list[Figure]:
                                                           f"{note_floor}"),
         Figure(SECTION, "validate_raw_file without the GX report", "rows/s", checks, floor_name, floor,
                ratio_of(checks, floor), "medians", note="the row checks alone (GX suite time subtracted)"),
-        Figure(SECTION, "validate_day + day_stats (spark-submit)", "rows/s", ingest, floor_name, floor,
+        Figure(SECTION, "validate_day + day_stats (default engine)", "rows/s", ingest, floor_name, floor,
                ratio_of(ingest, floor), "medians", note="the two task functions, timed inside the DAG's tasks"),
     ]
