@@ -89,3 +89,27 @@ def test_data_files_in_hive_style_s3_folders_are_fetched_by_their_keys(s3_server
     # http(s) and file:// paths are decoded by their readers: encoded there
     assert data_file_url("https://host/byo", "date=1 x/a.csv") == "https://host/byo/date%3D1%20x/a.csv"
     assert data_file_url("file:///data/byo", "a b.csv") == "file:///data/byo/a%20b.csv"
+
+
+def test_a_spec_that_names_a_key_twice_is_refused_naming_the_line(tmp_path):
+    """YAML keeps the last of two equal keys: a feature written twice (one of them edited) would lose the first
+    without a word."""
+    from tasks.formats.feature_spec import FeatureSpecError
+
+    spec_path = write_demo_source(tmp_path / "source", 60, 20, seed=7)
+    text = spec_path.read_text()
+    assert load_csv_spec(spec_path)
+    lines = text.splitlines()
+    at = lines.index("  num_0: {}")
+    spec_path.write_text("\n".join([*lines[:at + 1], "  num_0: {dtype: float16}", *lines[at + 1:]]) + "\n")
+    with pytest.raises(FeatureSpecError, match=rf"line {at + 2}: key 'num_0' appears twice in one mapping"):
+        load_csv_spec(spec_path)
+
+
+def test_a_file_named_in_both_train_and_test_is_a_warning(tmp_path, caplog):
+    spec_path = write_demo_source(tmp_path / "source", 60, 20, seed=8)
+    spec_path.write_text(spec_path.read_text().replace("- test/label.csv", "- train/label.csv"))
+    with caplog.at_level("WARNING", logger="tasks.byo.spec"):
+        load_csv_spec(spec_path)
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warnings) == 1 and "names train/label.csv in both source_spec.train and source_spec.test" in warnings[0]

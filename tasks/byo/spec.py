@@ -14,6 +14,7 @@ which rows are bad.
 
 from __future__ import annotations
 
+import logging
 import os
 import reprlib
 from dataclasses import dataclass
@@ -73,6 +74,11 @@ def load_csv_spec(path: str | os.PathLike[str]) -> FeatureSpec:
         check_csv_spec(spec)
     except FeatureSpecError as err:
         raise FeatureSpecError(f"{path}: {err}") from None
+    shared = set.intersection(*({chunk.file for chunk in csv_chunks(spec, m)} for m in MAPPINGS))
+    if shared:
+        logging.getLogger(__name__).warning(
+            "%s names %s in both source_spec.train and source_spec.test: the test rows are trained on, so the AUC "
+            "that evaluate and the gate measure is not a held-out one", path, ", ".join(sorted(shared)))
     return spec
 
 
@@ -105,6 +111,33 @@ def check_spec_size(path: Path) -> None:
     if not isinstance(root, yaml.MappingNode):
         raise FeatureSpecError(f"{path}: a feature spec is a mapping of sections (channel_spec, feature_spec, "
                                f"source_spec, metadata), got {'nothing' if root is None else root.tag}")
+    if (twice := _duplicate_key(root)) is not None:
+        key, line = twice
+        raise FeatureSpecError(f"{path} line {line}: key {shown(key)} appears twice in one mapping (YAML would keep "
+                               "the last one and drop the first without a word)")
+
+
+def _duplicate_key(root) -> tuple[str, int] | None:
+    """(the key, its second line) of the first mapping of the composed YAML that names a key twice, else None."""
+    import yaml
+
+    stack, seen = [root], set()
+    while stack:
+        node = stack.pop()
+        if id(node) in seen or isinstance(node, yaml.ScalarNode):
+            continue
+        seen.add(id(node))
+        if isinstance(node, yaml.MappingNode):
+            keys = set()
+            for key, value in node.value:
+                if isinstance(key, yaml.ScalarNode):
+                    if key.value in keys:
+                        return key.value, key.start_mark.line + 1
+                    keys.add(key.value)
+                stack += [key, value]
+        else:
+            stack += node.value
+    return None
 
 
 def _expanded_size(node, seen: dict[int, tuple[int, int]]) -> tuple[int, int]:
