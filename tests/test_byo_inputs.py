@@ -113,3 +113,18 @@ def test_a_file_named_in_both_train_and_test_is_a_warning(tmp_path, caplog):
         load_csv_spec(spec_path)
     warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
     assert len(warnings) == 1 and "names train/label.csv in both source_spec.train and source_spec.test" in warnings[0]
+
+
+def test_the_spark_engine_refuses_files_hadoop_cannot_decompress_before_it_starts(tmp_path):
+    """Hadoop's Lz4Codec reads its own block format, not the LZ4 frames `lz4` and pyarrow write: one line saying to
+    use the arrow engine, instead of a Spark job failing on every retry (.gz, .bz2 and .zst it reads)."""
+    from tasks.byo.pipeline import _check_spark_reads
+    from tasks.formats.feature_spec import FeatureSpecError
+
+    spec_path = write_demo_source(tmp_path / "source", 60, 20, seed=9)
+    _check_spark_reads(spec_path)  # plain files
+    spec_path.write_text(spec_path.read_text().replace("label.csv", "label.csv.gz")
+                         .replace("numerical.csv", "numerical.csv.zst").replace("catpart0.csv", "catpart0.csv.lz4"))
+    with pytest.raises(FeatureSpecError, match=r"^train/catpart0.csv.lz4 \(and 1 more\): the spark engine reads "
+                                               r"plain, .gz, .bz2, .zst files, not LZ4 frames .* engine arrow"):
+        _check_spark_reads(spec_path)

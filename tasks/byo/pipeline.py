@@ -193,6 +193,7 @@ def transcode(settings: Settings, run_id: str, *, spark_master: str = "local[*]"
 
             transcode_here(args)
         else:
+            _check_spark_reads(paths.source / SPEC_FILE)
             from tasks.core.spark_submit import SparkSubmit, run_spark_job
 
             run_spark_job(SparkSubmit("byo/transcode.py", args, master=spark_master, profile=profile),
@@ -207,6 +208,24 @@ def transcode(settings: Settings, run_id: str, *, spark_master: str = "local[*]"
     return {"path": str(paths.dataset), "rows": manifest["rows"], "cardinalities": manifest["extra"]["cardinalities"],
             "dropped": manifest["extra"]["dropped"], "fingerprint": manifest["inputs_fingerprint"], "cached": cached,
             "engine": manifest["extra"].get("engine", "spark")}
+
+
+SPARK_CODECS = (".gz", ".bz2", ".zst")  # what Spark's text reader decompresses by file name (Hadoop's codecs)
+
+
+def _check_spark_reads(spec_path: Path) -> None:
+    """FeatureSpecError (one line, no retry) for a file the Spark engine cannot read: Hadoop's Lz4Codec reads its own
+    block format, not the LZ4 frame format `lz4` and pyarrow write (Spark 4.1 failed the job on such a file)."""
+    from tasks.byo.contract import COMPRESSED_SUFFIXES
+    from tasks.byo.spec import load_csv_spec, source_files
+    from tasks.formats.feature_spec import FeatureSpecError
+
+    unreadable = [name for name in source_files(load_csv_spec(spec_path))
+                  if name.endswith(COMPRESSED_SUFFIXES) and not name.endswith(SPARK_CODECS)]
+    if unreadable:
+        raise FeatureSpecError(f"{unreadable[0]}{f' (and {len(unreadable) - 1} more)' if len(unreadable) > 1 else ''}"
+                               f": the spark engine reads plain, {', '.join(SPARK_CODECS)} files, not LZ4 frames "
+                               "(Hadoop's Lz4Codec); transcode with engine arrow, or recompress them")
 
 
 class DatasetInvalid(ValueError):
