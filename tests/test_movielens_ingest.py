@@ -377,6 +377,7 @@ def test_ml1m_snapshot_validates_with_its_own_format(settings: Settings) -> None
     (ML_20M, b"1,2,3.5,1112486027,9", (None, "wrong number of fields")),
     (ML_20M, b"1,2,abc,1112486027", ("rating", "is not a number")),
     (ML_20M, b"1,2,0.0,1112486027", ("rating", "is not in 0.5..5")),
+    (ML_20M, b"1,2,3.500001,1112486027", ("rating", "is not a multiple of 0.5")),  # np.isclose's tolerance took it
     (ML_20M, b"1,2,3.5,99999999999", ("timestamp", "is not a plausible time")),
     (ML_20M, b"1,99999999999999999999,3.5,1112486027", ("movieId", "is not an integer")),  # past int64
     (ML_1M, b"1::2::3::978300760", None),

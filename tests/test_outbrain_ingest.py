@@ -279,3 +279,15 @@ def test_a_repeated_event_display_fails_with_one_line(settings: Settings) -> Non
     with pytest.raises(DataQualityError, match=r"^events\.csv line 3 column display_id: display_id 1 appears again "
                                                r"\(first at line 2\); 1 repeated keys"):
         ingest(settings, budget=0.5)
+
+
+@pytest.mark.parametrize("when, real", [("2016-06-14 10:00:00", True), ("2016-02-29 00:00:00", True),
+                                        ("2016-02-30 00:00:00", False), ("2016-04-31 01:02:03", False),
+                                        ("2016-06-14 23:59:60", False), ("0000-01-01 00:00:00", False)])
+def test_a_publish_time_that_is_no_real_date_is_a_bad_row(when: str, real: bool) -> None:
+    """pyarrow's strptime rolls 2016-02-30 over to 2016-03-01: such a row was stored as another date."""
+    from tasks.outbrain.raw_tables import check_block
+
+    block = f"1,2,3,2016-01-01 00:00:00\n4,5,6,{when}\n".encode()
+    checked = check_block(block, 2, TABLES["documents_meta"])
+    assert [(b.line, b.column_name) for b in checked.bad] == ([] if real else [(3, "publish_time")])

@@ -49,6 +49,21 @@ def copy_capped(source: BinaryIO, sink: BinaryIO, *, limit: int, what: str, alre
     return written
 
 
+# What zipfile raises on a zip it cannot read as it is: corrupt bytes, a truncated file, a compression method it lacks
+# (Deflate64, which Windows' Explorer writes for large files); an encrypted member is a RuntimeError (unreadable()).
+_UNREADABLE = (zipfile.BadZipFile, zlib.error, EOFError, NotImplementedError)
+
+
+def unreadable(archive: Path, exc: BaseException) -> ArchiveError | None:
+    """The one-line ArchiveError for what zipfile raised while reading `archive`, None when that was no fault of
+    the archive (a full disk while writing, a permission: retried, not refused)."""
+    if isinstance(exc, _UNREADABLE):
+        return ArchiveError(f"{archive.name}: corrupt or unsupported zip archive ({type(exc).__name__}: {exc})")
+    if isinstance(exc, RuntimeError) and "encrypted" in str(exc):
+        return ArchiveError(f"{archive.name}: {exc} (recflow reads unencrypted zips only)")
+    return None
+
+
 def _check_member(info: zipfile.ZipInfo, archive: Path) -> None:
     name = info.filename
     path = PurePosixPath(name)
@@ -88,6 +103,10 @@ def extract_zip(archive: Path, folder: Path, *, required: Sequence[str] = (), ch
             for info in infos:
                 _check_member(info, archive)
             names = {info.filename for info in infos}
+            if len(names) != len(infos):
+                twice = next(name for name in names if sum(i.filename == name for i in infos) > 1)
+                raise ArchiveError(f"{archive.name}: member {twice!r} appears more than once (which copy is the "
+                                   "data?); refusing to unpack it")
             missing = [name for name in required if name not in names]
             if missing:
                 shown = sorted(names)[:10]
@@ -107,11 +126,18 @@ def extract_zip(archive: Path, folder: Path, *, required: Sequence[str] = (), ch
                 if info.is_dir():
                     target.mkdir(parents=True, exist_ok=True)
                     continue
-                target.parent.mkdir(parents=True, exist_ok=True)
-                with zf.open(info) as source, open(target, "wb") as sink:
+                try:
+                    target.parent.mkdir(parents=True, exist_ok=True)
+                    sink = open(target, "wb")  # noqa: SIM115 - closed below, with the member's stream
+                except (FileExistsError, NotADirectoryError, IsADirectoryError):
+                    raise ArchiveError(f"{archive.name}: member {info.filename!r} and another member are a file "
+                                       "and a folder of the same name; refusing to unpack it") from None
+                with zf.open(info) as source, sink:
                     total += copy_capped(source, sink, limit=limit, already=total, chunk_bytes=chunk_bytes,
                                          what=f"{archive.name} (at member {info.filename!r})")
                 written.append(info.filename)
             return written
-    except (zipfile.BadZipFile, zlib.error, EOFError) as exc:
-        raise ArchiveError(f"{archive.name}: corrupt zip archive ({exc})") from None
+    except (*_UNREADABLE, RuntimeError) as exc:
+        if (error := unreadable(archive, exc)) is None:
+            raise
+        raise error from None

@@ -109,7 +109,7 @@ def download_snapshot(settings: Settings, name: str, *, source: str | None = Non
 
 def _download_snapshot(settings: Settings, fmt: RatingsFormat, url: str, md5_url: str, allowed: dict[str, Any],
                        s3_client: Any) -> dict[str, Any]:
-    from tasks.core.archive import ArchiveError, extract_zip
+    from tasks.core.archive import ArchiveError, ExpansionLimitExceeded, extract_zip
     from tasks.core.download import download
 
     root, name = settings.data_root, fmt.name
@@ -145,6 +145,8 @@ def _download_snapshot(settings: Settings, fmt: RatingsFormat, url: str, md5_url
                 members = extract_zip(archive_path, tmp, required=[fmt.member])
                 write_manifest(tmp, Manifest(kind="movielens_extracted", inputs=inputs,
                                              extra={"source": url, "members": members}), checksum=False)
+        except ExpansionLimitExceeded:
+            raise  # a refusal naming its setting (NotAllowed: not retried), as it is
         except ArchiveError as exc:
             raise DataQualityError(f"{exc} (from {url})") from None
         log.info("%s: md5 %s verified, %d members unzipped into %s in %.1f s", archive_path.name, actual,

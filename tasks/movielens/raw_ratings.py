@@ -83,7 +83,8 @@ def _value_rules(fmt: RatingsFormat, max_timestamp: int) -> list[tuple[str, str,
 
     positive = [(lambda v: v >= 1, "is not a positive id")]
     rating_range = [(lambda v: (v >= fmt.rating_min) & (v <= fmt.rating_max), f"is not in {fmt.rating_range_text()}"),
-                    (lambda v: np.isclose(np.round(v / fmt.rating_step) * fmt.rating_step, v),
+                    # exactly on the grid (its multiples are exact in binary): 3.500001 is not 3.5
+                    (lambda v: np.isclose(np.round(v / fmt.rating_step) * fmt.rating_step, v, rtol=0, atol=1e-9),
                      f"is not a multiple of {fmt.rating_step:g}")]
     plausible = [(lambda v: (v >= MIN_TIMESTAMP) & (v <= max_timestamp),
                   f"is not a plausible time (unix seconds from 1995-01-01 to {_date_text(max_timestamp)})")]

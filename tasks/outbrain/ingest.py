@@ -23,11 +23,12 @@ from __future__ import annotations
 import logging
 import time
 import zipfile
+import zlib
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
-from tasks.core.archive import copy_capped, expanded_max_bytes
+from tasks.core.archive import copy_capped, expanded_max_bytes, unreadable
 from tasks.core.config import Settings
 from tasks.core.download_sources import ChecksumMismatch, SourceNotFound
 from tasks.core.storage import (
@@ -174,14 +175,20 @@ def _unzip_member(archive: Path, destination: Path, member: str, archive_sha256:
     stamp.unlink(missing_ok=True)
     try:
         with zipfile.ZipFile(archive) as zf:
-            if member not in zf.namelist():
-                raise DataQualityError(f"{archive.name} holds no {member} (members: {zf.namelist()[:10]})")
+            names = zf.namelist()
+            if member not in names:
+                raise DataQualityError(f"{archive.name} holds no {member} (members: {names[:10]})")
+            if names.count(member) > 1:
+                raise DataQualityError(f"{archive.name}: member {member!r} appears more than once (which copy is "
+                                       "the data?); refusing to unpack it")
             with zf.open(member) as source, atomic_file(destination) as sink:
                 # A zip bomb stops at the deployment's cap (ExpansionLimitExceeded: NotAllowed, not retried).
                 copy_capped(source, sink, limit=expanded_max_bytes(), what=f"{archive.name} (member {member})",
                             chunk_bytes=8 << 20)
-    except (zipfile.BadZipFile, OSError, EOFError) as exc:
-        raise DataQualityError(f"{archive.name}: not a readable zip archive ({exc})") from None
+    except (zipfile.BadZipFile, zlib.error, EOFError, NotImplementedError, RuntimeError) as exc:
+        if (error := unreadable(archive, exc)) is None:
+            raise  # not the archive's fault (a full disk is an OSError, retried)
+        raise DataQualityError(str(error)) from None
     write_text_atomic(stamp, wanted)
     return False
 

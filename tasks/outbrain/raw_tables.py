@@ -74,9 +74,13 @@ def _parse(text, column: Column, usable):
     if column.arrow_type == "string":  # only matched (ASCII) values cast: invalid UTF-8 elsewhere would fail it
         return pc.if_else(usable, text, pa.scalar(b"")).cast(pa.string()), None
     if column.arrow_type == "timestamp":
-        parsed = pc.strptime(pc.if_else(usable, text, pa.scalar(b"2016-01-01 00:00:00")).cast(pa.string()),
-                             format=PUBLISH_TIME_FORMAT, unit="s", error_is_null=True)
-        return parsed, pc.is_null(parsed).to_numpy(zero_copy_only=False)
+        given = pc.if_else(usable, text, pa.scalar(b"2016-01-01 00:00:00")).cast(pa.string())
+        parsed = pc.strptime(given, format=PUBLISH_TIME_FORMAT, unit="s", error_is_null=True)
+        # strptime rolls a day or second past its range over (2016-02-30 -> 03-01, 23:59:60 -> the next day):
+        # a real date formats back to the text it was read from, in years 1-9999 (Spark's and Python's range)
+        unreal = pc.or_kleene(pc.not_equal(pc.strftime(parsed, format=PUBLISH_TIME_FORMAT), given),
+                              pc.less(pc.year(parsed), 1))
+        return parsed, pc.or_kleene(pc.is_null(parsed), unreal).fill_null(True).to_numpy(zero_copy_only=False)
     wide = pa.float64() if column.arrow_type == "float32" else pa.int64()
     value = pc.if_else(usable, text, pa.scalar(b"0")).cast(pa.string()).cast(wide)
     numbers = value.to_numpy(zero_copy_only=False)
