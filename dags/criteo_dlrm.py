@@ -120,7 +120,9 @@ def criteo_dlrm():
         shared.not_pruned(context["run_id"])
         return fail_without_retry(DatasetInvalid)(check)(run_paths(load_settings(), context["run_id"]).dataset)
 
-    @task(**MODEL_TASK)
+    # Beside the gate, which registers the run: failing for good, it marks the run failed (publish, upstream_failed,
+    # runs no callback, and a run left `trained` would count as trained: the retrain gate would skip its window).
+    @task(**MODEL_TASK, on_failure_callback=record_failure)
     def export(run: dict, trained: dict, **context) -> dict:
         from tasks.criteo.dlrm import export as export_model
 

@@ -113,22 +113,25 @@ def training_tasks(steps_module: str, *, record_failure: Callable[[dict], None],
 
     @task.short_circuit(**MODEL_TASK, ignore_downstream_trigger_rules=False, on_failure_callback=record_failure)
     def gate(run: dict, metrics: dict, **context) -> bool:
+        from tasks.core.config import NotAllowed
         from tasks.core.launch import CannotRunHere
 
         not_pruned(context["run_id"])
         params = context["params"]
-        return fail_without_retry(CannotRunHere)(spec().gate)(settings(), context["run_id"], metrics, run,
+        # Another pipeline's model name, a production version changed in the store: no retry makes them right.
+        return fail_without_retry(CannotRunHere, NotAllowed)(spec().gate)(settings(), context["run_id"], metrics, run,
                                                               model_name=params["model_name"],
                                                               aws_conn_id=params["aws_conn_id"])["passed"]
 
     @task(on_failure_callback=record_failure)
     def publish(run: dict, metrics: dict, **context) -> dict:
         from tasks.core.config import NotAllowed
+        from tasks.release.publish import VersionConflict
 
         not_pruned(context["run_id"])
         pipeline, current, params = spec(), settings(), context["params"]
         doc = pipeline.lineage(current, context["run_id"], run, dict(params))
-        return fail_without_retry(NotAllowed)(pipeline.publish)(
+        return fail_without_retry(NotAllowed, VersionConflict)(pipeline.publish)(
             current, context["run_id"], context["dag_run"].run_after, metrics, doc, run=run,
             model_name=params["model_name"], store_uri=params["publish_uri"] or None,
             aws_conn_id=params["aws_conn_id"])

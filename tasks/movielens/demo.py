@@ -62,7 +62,9 @@ def print_training_outcome(settings: Settings, training: dict) -> None:
     latest = print_publish_outcome(settings.publish_store, "movielens_ncf", training)
     if not latest:
         return
-    local = fetch_model(latest["uri"], layout.models_cache(settings.data_root))  # verified by the registry
+    # The model's URI in the deployment's store: the registry names its latest version and the digest it must have
+    # (latest.json's own "uri" is whatever was last written to the store, and could point anywhere).
+    local = fetch_model(f"{settings.publish_store.rstrip('/')}/movielens_ncf", layout.models_cache(settings.data_root))
     command = [sys.executable, "-m", "tasks.movielens.predict", "recommend", "--model-dir", str(local),
                "--user", "1", "--k", "5"]
     print("$ python -m tasks.movielens.predict recommend --model-dir <version> --user 1 --k 5")

@@ -64,7 +64,9 @@ def print_training_outcome(settings: Settings, training: dict) -> None:
     latest = print_publish_outcome(settings.publish_store, PIPELINE, training)
     if not latest:
         return
-    local = fetch_model(latest["uri"], layout.models_cache(settings.data_root))  # verified by the registry
+    # The model's URI in the deployment's store: the registry names its latest version and the digest it must have
+    # (latest.json's own "uri" is whatever was last written to the store, and could point anywhere).
+    local = fetch_model(f"{settings.publish_store.rstrip('/')}/{PIPELINE}", layout.models_cache(settings.data_root))
     tables = layout.validated_dir(settings.data_root, load_outbrain_settings().snapshot)
     command = [sys.executable, "-m", "tasks.outbrain.predict", "rank", "--model-dir", str(local), "--tables",
                str(tables), "--limit", "3"]

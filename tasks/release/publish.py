@@ -131,7 +131,8 @@ def _version_prefix(model_name: str, version: str) -> str:
     return f"{model_name}/versions/{version}/"
 
 
-def _version_uri(store: ArtifactStore, model_name: str, version: str) -> str:
+def version_uri(store: ArtifactStore, model_name: str, version: str) -> str:
+    """The URI of a version's folder in `store` (what the registry records as its artifact URI)."""
     return store.url_for(_version_prefix(model_name, version) + MANIFEST_NAME).rsplit("/", 1)[0]
 
 
@@ -252,7 +253,7 @@ def publish_model(store_uri: str, model_name: str, version: str, files: dict[str
             log.info("%s was committed by a concurrent publisher with the same content", where)
             cached = True
 
-    uri = _version_uri(store, model_name, version)
+    uri = version_uri(store, model_name, version)
     became_latest = _advance_pointer(store, model_name, version, uri, metrics) if move_latest else False
     sizes = {name: entry["bytes"] for name, entry in planned.items()}
     return PublishResult(model_name, version, uri, sizes, became_latest, cached, digest)
@@ -275,7 +276,7 @@ def advance_latest(store_uri: str, model_name: str, version: str, metrics: dict,
     """Move the model's latest.json to a committed `version` unless it names one at or after it; True if it names
     ours."""
     store = open_store(store_uri, s3_client)
-    return _advance_pointer(store, model_name, version, _version_uri(store, model_name, version), metrics)
+    return _advance_pointer(store, model_name, version, version_uri(store, model_name, version), metrics)
 
 
 def _advance_pointer(store: ArtifactStore, model_name: str, version: str, uri: str, metrics: dict) -> bool:
@@ -331,7 +332,7 @@ def latest_version(store_uri: str, model_name: str, s3_client=None) -> dict | No
     log.warning("%s is %s: using the newest committed version %s", store.url_for(key),
                 "missing" if pointer is None else f"naming uncommitted {pointer['version']}", version)
     manifest = _read_manifest(store, model_name, version) or {}
-    return {"version": version, "uri": _version_uri(store, model_name, version),
+    return {"version": version, "uri": version_uri(store, model_name, version),
             "metrics": load_published_metrics(store_uri, model_name, version, s3_client),
             "published_at": manifest.get("created_at")}
 

@@ -160,9 +160,14 @@ def gate_run(settings: Settings, *, pipeline: str, dataset: str, run_id: str, mo
               "baseline_basis": basis, "baseline_metrics": baseline}
     write_text_atomic(gate_dir / "gate.json", json.dumps(record, indent=2, sort_keys=True))
     with open_registry(settings, registry_conn_id) as registry:
-        registry.set_run_status(pipeline, run_id, "trained" if decision.passed else "gated_out",
-                                metrics={**metrics, "baseline": {k: record[k] for k in (
-                                    f"baseline_{metric}", "baseline_version", "baseline_basis")}})
+        earlier = registry.get_run(pipeline, run_id)
+        if earlier is not None and earlier.status == "published":  # cleared after it published: it stays so
+            log.info("run %s published %s before it was cleared: its registry status stays published",
+                     run_id, earlier.artifact_uri)
+        else:
+            registry.set_run_status(pipeline, run_id, "trained" if decision.passed else "gated_out",
+                                    metrics={**metrics, "baseline": {k: record[k] for k in (
+                                        f"baseline_{metric}", "baseline_version", "baseline_basis")}})
     log.info("gate %s: %s (%s)", "PASSED" if decision.passed else "FAILED", decision.reason, basis)
     return record
 
@@ -175,30 +180,46 @@ def publish_run(settings: Settings, *, pipeline: str, run_id: str, when: datetim
     naming what is missing), its metrics and lineage; record it in the registry and move its `latest` alias; then the
     store's latest.json (each by compare-and-set). The store and connection a form names are checked first. The
     pointer moves last, so that a publish the registry refuses (another pipeline claimed the name first) or cannot
-    record never leaves latest.json naming a version the registry does not know; a retry finishes the move."""
-    from tasks.release.publish import advance_latest, check_store_allowed, make_version, publish_model
+    record never leaves latest.json naming a version the registry does not know; a retry finishes the move.
+
+    A run cleared after it published (from its gate, or from evaluate or earlier) publishes nothing new: the version
+    the registry records for it stays what it published (versions are immutable) and only the steps after the
+    upload are redone, each of which moves forward only. Its files are not compared again: a re-evaluation's
+    metrics or a re-gate's record may differ in their last digits, which failed every retry of such a publish."""
+    from tasks.release.publish import (advance_latest, check_store_allowed, make_version, open_store, publish_model,
+                                       version_uri)
 
     store = store_uri or settings.publish_store
     check_store_allowed(store, settings.allowed_publish_stores)  # a form's publish_uri: refused before any work
     s3_client = s3_client_for(store, aws_conn_id, settings.allowed_conn_ids)  # and a form's aws_conn_id
+    version = make_version(when, run_id)
     with open_registry(settings, registry_conn_id) as registry:
         registry.check_owner(model_name, pipeline)  # another pipeline's model name: refused before any upload
-    result = publish_model(store, model_name, make_version(when, run_id), files(), metrics, lineage_doc,
-                           s3_client=s3_client, allowed_stores=settings.allowed_publish_stores, move_latest=False)
+        recorded = registry.version(model_name, version)
+    if (recorded is not None and (recorded["pipeline"], recorded["run_id"]) == (pipeline, run_id)
+            and recorded["artifact_uri"] == version_uri(open_store(store, s3_client), model_name, version)):
+        log.info("run %s published %s version %s before it was cleared: the recorded version stands, nothing is "
+                 "uploaded again", run_id, model_name, version)
+        uri, metrics, cached = recorded["artifact_uri"], recorded["metrics"], True
+    else:
+        result = publish_model(store, model_name, version, files(), metrics, lineage_doc, s3_client=s3_client,
+                               allowed_stores=settings.allowed_publish_stores, move_latest=False)
+        uri, cached = result.uri, result.cached
+        with open_registry(settings, registry_conn_id) as registry:
+            # Claims the name for this pipeline (the first publish does; a racing other pipeline is refused here)
+            # and records the manifest's digest, the only form in which the version is ever loaded again.
+            registry.record_version(model_name, version, run_id, uri, metrics, pipeline=pipeline,
+                                    manifest_sha256=result.manifest_sha256)
     with open_registry(settings, registry_conn_id) as registry:
-        # Claims the name for this pipeline (the first publish does; a racing other pipeline is refused here) and
-        # records the manifest's digest, the only form in which the version is ever loaded again.
-        registry.record_version(model_name, result.version, run_id, result.uri, metrics, pipeline=pipeline,
-                                manifest_sha256=result.manifest_sha256)
-        registry.promote(model_name, result.version)
+        registry.promote(model_name, version)
         production = registry.alias(model_name)
-        registry.set_run_status(pipeline, run_id, "published", metrics=metrics, artifact_uri=result.uri)
-    advance_latest(store, model_name, result.version, metrics, s3_client)
-    became_latest = bool(production and production["version"] == result.version)
-    log.info("published %s version %s to %s%s", model_name, result.version, result.uri,
+        registry.set_run_status(pipeline, run_id, "published", metrics=metrics, artifact_uri=uri)
+    advance_latest(store, model_name, version, metrics, s3_client)
+    became_latest = bool(production and production["version"] == version)
+    log.info("published %s version %s to %s%s", model_name, version, uri,
              " (now latest)" if became_latest else f" (latest stays {production and production['version']})")
-    return {"model_name": model_name, "version": result.version, "uri": result.uri,
-            "became_latest": became_latest, "cached": result.cached}
+    return {"model_name": model_name, "version": version, "uri": uri, "became_latest": became_latest,
+            "cached": cached}
 
 
 def record_failure(settings: Settings, pipeline: str, run_id: str, *, reason: str = "",
