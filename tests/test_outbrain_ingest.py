@@ -197,8 +197,10 @@ def test_bad_rows_within_budget_are_quarantined_with_file_line_and_column(settin
     edit_line(settings, "events", 6, "5,abcdef01234567,9,100,1,US>\udcff")  # invalid UTF-8 in a string column
     edit_line(settings, "documents_meta", 3, "2,7,7,2016-13-01 00:00:00")
     result = ingest(settings, budget=0.05)
-    assert result["bad_rows"] == 3
-    rows = [(q["file"], q["line"], q["column_name"], q["reason"]) for q in quarantined(settings)]
+    clicks = [line for line in clicks_lines(settings)[1:] if line.split(",")[0] in ("4", "5")]  # their displays'
+    assert result["bad_rows"] == 3 + len(clicks)
+    rows = [(q["file"], q["line"], q["column_name"], q["reason"]) for q in quarantined(settings)
+            if q["file"] != "clicks_train.csv"]
     assert rows == [("events.csv", 5, "document_id", "'x9' is not an integer"),
                     ("events.csv", 6, "geo_location", r"'US>\xff' is not a location like US>SC>519, US>SC, US or --"),
                     ("documents_meta.csv", 3, "publish_time", "'2016-13-01 00:00:00' is not a real date and time")]
@@ -291,3 +293,20 @@ def test_a_publish_time_that_is_no_real_date_is_a_bad_row(when: str, real: bool)
     block = f"1,2,3,2016-01-01 00:00:00\n4,5,6,{when}\n".encode()
     checked = check_block(block, 2, TABLES["documents_meta"])
     assert [(b.line, b.column_name) for b in checked.bad] == ([] if real else [(3, "publish_time")])
+
+
+def test_a_display_whose_events_row_was_quarantined_is_dropped_with_its_clicks(settings: Settings) -> None:
+    """Kept, it joined to no event: no day (which decides the train / valid split), platform or geo."""
+    source(settings)
+    events = (layout.source_dir(settings.data_root) / "events.csv").read_text().split("\n")
+    display = events[4].split(",")[0]
+    edit_line(settings, "events", 5, ",".join([*events[4].split(",")[:-1], "usa"]))  # a bad geo_location
+    shown = [line for line in clicks_lines(settings)[1:] if line.startswith(display + ",")]
+    result = ingest(settings, budget=0.05)
+    assert result["bad_rows"] == 1 + len(shown) and len(shown) >= 2
+    reasons = [(q["file"], q["reason"]) for q in quarantined(settings)]
+    assert ("events.csv", "'usa' is not a location like US>SC>519, US>SC, US or --") in reasons
+    assert reasons.count(("clicks_train.csv", f"display_id {display} has its events.csv row quarantined")) == \
+        len(shown)
+    kept = pq.read_table(layout.validated_table(settings.data_root, "kaggle", "clicks_train")).column("display_id")
+    assert int(display) not in kept.to_pylist()

@@ -4,12 +4,14 @@ cross-file keys checked, a GX suite per file run on evidence, the bad-row budget
 tasks.outbrain.ingest.validate_snapshot calls this under the snapshot's lock.
 
 Cross-file checks (each a bad row of clicks_train, counted in its budget; a broken display is dropped whole from
-the validated clicks_train, so every kept display has exactly one click and joins; a key whose own row was
-quarantined in events / promoted_content for another column still counts as present there, so one bad row is
-not counted again in every click that names it):
+the validated clicks_train, so every kept display has exactly one click and joins):
   - exactly one clicked=1 per display_id of clicks_train;
-  - every display_id of clicks_train is in events;
-  - every ad_id of clicks_train is in promoted_content;
+  - every display_id of clicks_train is in the validated events: a display whose events row was quarantined (for
+    any column) is broken too, since it would join to no event (no day, platform or geo: the day decides the
+    train / valid split); one events row is one display, a few clicks rows;
+  - every ad_id of clicks_train is in promoted_content: an ad whose own row was quarantined there for another
+    column still counts as present (its ad features are then null), since a popular ad is named by thousands of
+    displays, and one bad row must not break them all;
 and key uniqueness, a hard failure (a duplicate key would multiply rows in every join): display_id in events, ad_id
 in promoted_content.
 
@@ -82,7 +84,10 @@ def validate_tables(raw_dir: Path, out: Path, *, inputs: dict[str, Any], budget:
             quarantine.close()
             shutil.rmtree(tmp / _SPILL_DIR, ignore_errors=True)
         report = _report(raw_dir, scans, quarantine, cross, budget, time.monotonic() - started)
-        failures += [f for s in scans.values() if not s.failure
+        # clicks_train last: its bad rows may follow from another file's (a display whose event was quarantined),
+        # and the first line of the error is the cause
+        ordered = sorted(scans.values(), key=lambda scan: scan.table.name == "clicks_train")
+        failures += [f for s in ordered if not s.failure
                      and (f := budget_failure(s.first_bad_text(quarantine), quarantine.bad_in(s.table.file_name),
                                               s.total, budget, out)) is not None]
         report["failures"] = failures
@@ -166,12 +171,13 @@ class TableScan:
             keys["promoted"].add(np.stack([column("ad_id"), lines], axis=1))
 
     def _spill_quarantined_keys(self, bad_rows: list[BadField], keys: dict[str, BucketSpill]) -> None:
-        """The key of a quarantined events / promoted_content row whose key itself is fine counts as present: the
-        row is already counted against its own file's budget, and must not break every click that names it."""
+        """The key of a quarantined events / promoted_content row whose key itself is fine, spilled with its line
+        negated: counted in the key checks (a duplicate of it is still a duplicate), and told apart by
+        cross_file_checks (the module docstring: an event's display breaks, an ad stays present)."""
         spill = {"events": keys["events"], "promoted_content": keys["promoted"]}.get(self.table.name)
         if spill is None:
             return
-        found = [(int(key), bad.line) for bad in bad_rows
+        found = [(int(key), -bad.line) for bad in bad_rows
                  if (key := bad.text.split(",", 1)[0]).isascii() and key.isdigit() and len(key) <= 18]
         if found:
             spill.add(np.array(found, dtype=np.int64))
@@ -222,6 +228,7 @@ def cross_file_checks(keys: dict[str, BucketSpill], quarantine: Quarantine) -> d
         reasons = np.full(len(ids), "", dtype=object)
         no_event = ~np.isin(ids, events[:, 0])
         reasons[no_event] = "is not in events.csv"
+        reasons[np.isin(ids, events[events[:, 1] < 0, 0]) & ~no_event] = "has its events.csv row quarantined"
         wrong_clicks = clicks_per_display != 1
         reasons[wrong_clicks] = [f"has {n} clicks (clicked=1), expected exactly 1" for n in clicks_per_display[
             wrong_clicks]]
@@ -249,8 +256,8 @@ def _duplicates(rows: np.ndarray, table: str, column: str) -> list[str]:
     """One failure line for a key that appears twice (the first such pair of this bucket), or none."""
     if len(rows) < 2:
         return []
-    order = np.lexsort((rows[:, 1], rows[:, 0]))
-    keys, lines = rows[order, 0], rows[order, 1]
+    order = np.lexsort((np.abs(rows[:, 1]), rows[:, 0]))
+    keys, lines = rows[order, 0], np.abs(rows[order, 1])  # a quarantined row's line is spilled negated
     again = np.flatnonzero(keys[1:] == keys[:-1])
     if not len(again):
         return []
