@@ -7,7 +7,7 @@ train shuffled, test day split into test/validation by file order, split-binary 
 `validate_dataset` → `train` (`framework` pytorch: torchrun, `nproc` processes, gloo on CPU, NCCL on CUDA;
 tensorflow: `nproc` TensorFlow workers under MultiWorkerMirroredStrategy; either resumes from its last checkpoint on
 retry) → `evaluate` (ROC AUC, logloss on the test mapping) → `export` (TorchScript, or a TensorFlow SavedModel, as
-a Triton model repository) and `gate` (AUC threshold, and no worse than the published model scored on the same test rows
+a Triton model repository; before the gate, which registers the run) → `gate` (AUC threshold, and no worse than the published model scored on the same test rows
 through its own dictionary; a failed gate skips publishing) → `publish` (a self-contained version: weights,
 dictionary, preprocessing, FeatureSpec, export; `latest` moved last) → `prune` (also after a gate that held the
 model back: the run is marked finished, and the datasets of finished runs older than the newest
@@ -120,8 +120,9 @@ def criteo_dlrm():
         shared.not_pruned(context["run_id"])
         return fail_without_retry(DatasetInvalid)(check)(run_paths(load_settings(), context["run_id"]).dataset)
 
-    # Beside the gate, which registers the run: failing for good, it marks the run failed (publish, upstream_failed,
-    # runs no callback, and a run left `trained` would count as trained: the retrain gate would skip its window).
+    # Before the gate, which registers the run: an export that fails for good stops the run before it is registered
+    # (the gate then runs no more), so no run is left `trained` (which counts as trained: the retrain gate would skip
+    # its window) with its publish upstream_failed. The callback covers an export cleared after the gate ran.
     @task(**MODEL_TASK, on_failure_callback=record_failure)
     def export(run: dict, trained: dict, **context) -> dict:
         from tasks.criteo.dlrm import export as export_model
@@ -132,9 +133,8 @@ def criteo_dlrm():
     dataset = transform(run, build_dictionary(run))
     trained = shared.train(run, validate_dataset(dataset))
     metrics = shared.evaluate(run, trained)
-    exported, pruned = export(run, trained), shared.prune()
-    [shared.gate(run, metrics), exported] >> shared.publish(run, metrics) >> pruned
-    exported >> pruned  # a gate that holds the model back skips publish at once: prune must wait for export too
+    exported, gated = export(run, trained), shared.gate(run, metrics)
+    exported >> gated >> shared.publish(run, metrics) >> shared.prune()
 
 
 document(criteo_dlrm(), __doc__)

@@ -56,12 +56,13 @@ def movielens_ingest():
     @task(**DOWNLOAD_TASK)
     def download(**context) -> dict:
         from tasks.core.config import NotAllowed
-        from tasks.movielens.ingest import ChecksumMismatch, DataQualityError, download_snapshot
+        from tasks.core.validation import ArchiveUnusable
+        from tasks.movielens.ingest import ChecksumMismatch, download_snapshot
         from tasks.movielens.settings import load_movielens_settings
 
         params = context["params"]
         # A refused source, a wrong checksum, an archive that cannot be unpacked as it is: a retry fetches the same.
-        fetch = fail_without_retry(NotAllowed, ChecksumMismatch, DataQualityError)(download_snapshot)
+        fetch = fail_without_retry(NotAllowed, ChecksumMismatch, ArchiveUnusable)(download_snapshot)
         return fetch(load_settings(), params["dataset"] or load_movielens_settings().dataset,
                      source=params["source_url"] or None, aws_conn_id=params["aws_conn_id"])
 

@@ -59,12 +59,13 @@ def outbrain_ingest():
     @task(**DOWNLOAD_TASK)
     def download(**context) -> dict:
         from tasks.core.config import NotAllowed
-        from tasks.outbrain.ingest import ChecksumMismatch, DataQualityError, download_snapshot
+        from tasks.core.validation import ArchiveUnusable
+        from tasks.outbrain.ingest import ChecksumMismatch, download_snapshot
         from tasks.outbrain.settings import load_outbrain_settings
 
         params = context["params"]
         # A refused source, a wrong checksum, an archive that cannot be unpacked as it is: a retry fetches the same.
-        fetch = fail_without_retry(NotAllowed, ChecksumMismatch, DataQualityError)(download_snapshot)
+        fetch = fail_without_retry(NotAllowed, ChecksumMismatch, ArchiveUnusable)(download_snapshot)
         return fetch(load_settings(), params["snapshot"] or load_outbrain_settings().snapshot,
                      source=params["source_url"] or None, aws_conn_id=params["aws_conn_id"])
 

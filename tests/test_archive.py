@@ -53,10 +53,11 @@ def test_a_member_zipfile_cannot_read_is_one_line(tmp_path, damage, expected):
         extract_zip(archive, tmp_path / "out")
 
 
-def test_a_file_and_a_folder_of_one_name_is_refused(tmp_path):
-    archive = _zip(tmp_path / "x.zip", [("a", b"file"), ("a/b.csv", b"1\n")])
+@pytest.mark.parametrize("second", ["a/b.csv", "a/"])  # a file in the folder, or the folder's own entry
+def test_a_file_and_a_folder_of_one_name_is_refused(tmp_path, second):
+    archive = _zip(tmp_path / "x.zip", [("a", b"file"), (second, b"1\n" if second.endswith(".csv") else b"")])
     (tmp_path / "out").mkdir()
-    with pytest.raises(ArchiveError, match=r"^x.zip: member 'a/b.csv' and another member are a file and a folder"):
+    with pytest.raises(ArchiveError, match=rf"^x.zip: member '{second}' and another member are a file and a folder"):
         extract_zip(archive, tmp_path / "out")
 
 

@@ -34,7 +34,7 @@ for dag_id, dag in bag.dags.items():
         "tags": sorted(dag.tags),
         "doc": bool(dag.doc_md),
         "tasks": {t.task_id: {"retries": t.retries, "pool": t.pool, "queue": t.queue,
-                              "on_failure": bool(t.on_failure_callback),
+                              "on_failure": bool(t.on_failure_callback), "upstream": sorted(t.upstream_task_ids),
                               "timeout_s": t.execution_timeout.total_seconds() if t.execution_timeout else None}
                   for t in dag.tasks},
         "params": {k: dag.params.get_param(k).description for k in dag.params.keys()},
@@ -151,10 +151,13 @@ def test_criteo_ingest_wiring(parsed):
 @pytest.mark.parametrize("dag_id, beside_the_gate", [("criteo_dlrm", {"export"}), ("movielens_ncf", set()),
                                                       ("outbrain_wide_deep", set()), ("byo_dlrm", set())])
 def test_training_dags_mark_a_registered_run_failed_when_gate_or_publish_fails(parsed, dag_id, beside_the_gate):
-    # gate registers the run; if it, publish or a task beside the gate (criteo's export: publish then ends
-    # upstream_failed, which runs no callback) fails for good, the callback sets the registry status `failed`.
+    # gate registers the run; if it, publish or criteo's export (cleared after the gate ran) fails for good, the
+    # callback sets the registry status `failed`.
     tasks = parsed["dags"][dag_id]["tasks"]
     assert {name for name, task in tasks.items() if task["on_failure"]} == {"gate", "publish", *beside_the_gate}
+    # A task beside the gate runs before it: failing first, it would find no registered run to mark, and the gate,
+    # run after it, would leave the run `trained` with its publish upstream_failed (no callback runs for that).
+    assert all(name in tasks["gate"]["upstream"] for name in beside_the_gate)
 
 
 def test_movielens_wiring(parsed):

@@ -123,10 +123,10 @@ def extract_zip(archive: Path, folder: Path, *, required: Sequence[str] = (), ch
                 if not target.is_relative_to(root):
                     raise ArchiveError(f"{archive.name}: member {info.filename!r} resolves outside the extraction "
                                        "folder; refusing to unpack it")
-                if info.is_dir():
-                    target.mkdir(parents=True, exist_ok=True)
-                    continue
                 try:
+                    if info.is_dir():
+                        target.mkdir(parents=True, exist_ok=True)
+                        continue
                     target.parent.mkdir(parents=True, exist_ok=True)
                     sink = open(target, "wb")  # noqa: SIM115 - closed below, with the member's stream
                 except (FileExistsError, NotADirectoryError, IsADirectoryError):

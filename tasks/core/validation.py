@@ -41,6 +41,12 @@ class DataQualityError(ValueError):
     cross-file key). The message is one line naming the file, line and column; bad input is not retried."""
 
 
+class ArchiveUnusable(DataQualityError):
+    """A downloaded archive that cannot be unpacked as it is (corrupt, a member missing, named twice or escaping the
+    folder): the download task fails without retry on it, which it does not on every DataQualityError (a checksum
+    file served as an error page, a source answering 403 for a while: a retry may fetch them right)."""
+
+
 class BadRowLike(Protocol):
     line: int
     text: str

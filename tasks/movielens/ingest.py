@@ -110,6 +110,7 @@ def download_snapshot(settings: Settings, name: str, *, source: str | None = Non
 def _download_snapshot(settings: Settings, fmt: RatingsFormat, url: str, md5_url: str, allowed: dict[str, Any],
                        s3_client: Any) -> dict[str, Any]:
     from tasks.core.archive import ArchiveError, ExpansionLimitExceeded, extract_zip
+    from tasks.core.validation import ArchiveUnusable
     from tasks.core.download import download
 
     root, name = settings.data_root, fmt.name
@@ -148,7 +149,7 @@ def _download_snapshot(settings: Settings, fmt: RatingsFormat, url: str, md5_url
         except ExpansionLimitExceeded:
             raise  # a refusal naming its setting (NotAllowed: not retried), as it is
         except ArchiveError as exc:
-            raise DataQualityError(f"{exc} (from {url})") from None
+            raise ArchiveUnusable(f"{exc} (from {url})") from None
         log.info("%s: md5 %s verified, %d members unzipped into %s in %.1f s", archive_path.name, actual,
                  len(members), extracted, time.monotonic() - start)
     else:

@@ -34,7 +34,7 @@ from tasks.core.download_sources import ChecksumMismatch, SourceNotFound
 from tasks.core.storage import (
     Manifest, atomic_file, completed_manifest, partition_lock, read_manifest, write_manifest, write_text_atomic,
 )
-from tasks.core.validation import DataQualityError
+from tasks.core.validation import ArchiveUnusable, DataQualityError
 from tasks.outbrain import layout
 from tasks.outbrain.schema import TABLES, check_snapshot_name
 from tasks.outbrain.settings import OutbrainSettings, load_outbrain_settings
@@ -177,9 +177,9 @@ def _unzip_member(archive: Path, destination: Path, member: str, archive_sha256:
         with zipfile.ZipFile(archive) as zf:
             names = zf.namelist()
             if member not in names:
-                raise DataQualityError(f"{archive.name} holds no {member} (members: {names[:10]})")
+                raise ArchiveUnusable(f"{archive.name} holds no {member} (members: {names[:10]})")
             if names.count(member) > 1:
-                raise DataQualityError(f"{archive.name}: member {member!r} appears more than once (which copy is "
+                raise ArchiveUnusable(f"{archive.name}: member {member!r} appears more than once (which copy is "
                                        "the data?); refusing to unpack it")
             with zf.open(member) as source, atomic_file(destination) as sink:
                 # A zip bomb stops at the deployment's cap (ExpansionLimitExceeded: NotAllowed, not retried).
@@ -188,7 +188,7 @@ def _unzip_member(archive: Path, destination: Path, member: str, archive_sha256:
     except (zipfile.BadZipFile, zlib.error, EOFError, NotImplementedError, RuntimeError) as exc:
         if (error := unreadable(archive, exc)) is None:
             raise  # not the archive's fault (a full disk is an OSError, retried)
-        raise DataQualityError(str(error)) from None
+        raise ArchiveUnusable(str(error)) from None
     write_text_atomic(stamp, wanted)
     return False
 

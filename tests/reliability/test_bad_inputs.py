@@ -161,7 +161,7 @@ def test_truncated_gzip(tmp_path, good_lines):
     from tasks.core.download import DownloadError
 
     url = gzip_source(tmp_path, good_lines, lambda gz: gz[: len(gz) // 2])
-    download_failure(tmp_path, url, DownloadError, "corrupt or truncated gzip", f"(from {url})", "compressed byte")
+    download_failure(tmp_path, url, DownloadError, f"corrupt or truncated gzip {url} near", "compressed byte")
 
 
 def test_corrupt_gzip(tmp_path, good_lines):
@@ -172,7 +172,7 @@ def test_corrupt_gzip(tmp_path, good_lines):
         return gz[:middle] + bytes(b ^ 0x5A for b in gz[middle:middle + 64]) + gz[middle + 64:]
 
     url = gzip_source(tmp_path, good_lines, corrupt)
-    download_failure(tmp_path, url, DownloadError, "corrupt or truncated gzip", f"(from {url})", "compressed byte")
+    download_failure(tmp_path, url, DownloadError, f"corrupt or truncated gzip {url} near", "compressed byte")
 
 
 def test_gzip_truncated_to_zero_bytes(tmp_path, good_lines):
